@@ -1,0 +1,6 @@
+//! bmx: an actor-model runtime for the executor protocol.
+//!
+//! * [`wire`]: frames, codecs, the method table, transports.
+//! * [`supervisor`]: OTP-style supervision over ractor.
+
+pub mod wire;

@@ -1,0 +1,135 @@
+//! Byte payloads: base64 in the JSON codec, MessagePack `bin` in the binary one.
+//!
+//! The choice is made by the serializer itself (`is_human_readable`), so one
+//! params type serves both codecs and a byte field never becomes a JSON
+//! array of numbers.
+
+use bytes::Bytes;
+use serde::de::{Error as _, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+
+/// An owned byte payload on the wire (`data` fields).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Blob(pub Bytes);
+
+impl Blob {
+    pub fn new(bytes: impl Into<Bytes>) -> Self {
+        Blob(bytes.into())
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Blob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Blob({} bytes)", self.0.len())
+    }
+}
+
+impl From<Vec<u8>> for Blob {
+    fn from(v: Vec<u8>) -> Self {
+        Blob(Bytes::from(v))
+    }
+}
+
+impl From<&'static [u8]> for Blob {
+    fn from(v: &'static [u8]) -> Self {
+        Blob(Bytes::from_static(v))
+    }
+}
+
+/// Encode bytes as standard base64 with the SIMD codec: the JSON codec's hot
+/// path for `process.read` results.
+pub fn base64_encode(data: &[u8]) -> String {
+    base64_simd::STANDARD.encode_to_string(data)
+}
+
+pub fn base64_decode(text: &str) -> Result<Vec<u8>, base64_simd::Error> {
+    base64_simd::STANDARD.decode_to_vec(text.as_bytes())
+}
+
+impl Serialize for Blob {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            serializer.serialize_str(&base64_encode(&self.0))
+        } else {
+            serializer.serialize_bytes(&self.0)
+        }
+    }
+}
+
+struct BlobVisitor;
+
+impl<'de> Visitor<'de> for BlobVisitor {
+    type Value = Blob;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("base64 text or binary bytes")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Blob, E> {
+        base64_decode(v)
+            .map(Blob::from)
+            .map_err(|_| E::custom("invalid base64"))
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Blob, E> {
+        Ok(Blob(Bytes::copy_from_slice(v)))
+    }
+
+    fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Blob, E> {
+        Ok(Blob::from(v))
+    }
+}
+
+impl<'de> Deserialize<'de> for Blob {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            deserializer.deserialize_str(BlobVisitor)
+        } else {
+            deserializer
+                .deserialize_bytes(BlobVisitor)
+                .map_err(|e| D::Error::custom(format!("expected bin: {e}")))
+        }
+    }
+}
+
+#[cfg(test)]
+impl proptest::arbitrary::Arbitrary for Blob {
+    type Parameters = ();
+    type Strategy = proptest::strategy::BoxedStrategy<Blob>;
+    fn arbitrary_with(_: ()) -> Self::Strategy {
+        use proptest::prelude::*;
+        proptest::collection::vec(any::<u8>(), 0..64)
+            .prop_map(Blob::from)
+            .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_base64_msgpack_is_bin() {
+        let b = Blob::from(vec![0u8, 1, 2, 255]);
+        assert_eq!(serde_json::to_string(&b).unwrap(), "\"AAEC/w==\"");
+        let m = rmp_serde::to_vec(&b).unwrap();
+        // bin8 marker, length 4
+        assert_eq!(&m[..2], &[0xc4, 4]);
+        let back: Blob = rmp_serde::from_slice(&m).unwrap();
+        assert_eq!(back, b);
+        let back: Blob = serde_json::from_str("\"AAEC/w==\"").unwrap();
+        assert_eq!(back, b);
+        assert!(serde_json::from_str::<Blob>("\"%%%\"").is_err());
+        assert!(serde_json::from_str::<Blob>("[1,2]").is_err());
+    }
+}

@@ -1,0 +1,275 @@
+//! JSON-RPC 2.0 frames (PROTOCOL.md §2), decoded in two steps.
+//!
+//! [`Inbound::parse`] reads only the envelope (`id`, `method`, whether a
+//! `result` or `error` is present) and skips `params`; the router then decodes
+//! the params into the type the method names. Both steps read the same
+//! buffer, so a frame is never copied into an intermediate tree.
+
+use super::codec::{Codec, CodecError};
+use super::error::RpcError;
+use bytes::Bytes;
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Deserializer, Serialize};
+use std::fmt;
+
+/// A request id. The protocol says ids are strings; numbers from a lenient
+/// peer are accepted and echoed back as they came.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Id {
+    Str(String),
+    Num(i64),
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Id::Str(s) => f.write_str(s),
+            Id::Num(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+impl From<String> for Id {
+    fn from(s: String) -> Self {
+        Id::Str(s)
+    }
+}
+
+/// True when the member is present, whatever its value (even `null`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Present(bool);
+
+impl<'de> Deserialize<'de> for Present {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        IgnoredAny::deserialize(d).map(|_| Present(true))
+    }
+}
+
+#[derive(Deserialize)]
+struct RawHead {
+    #[serde(default)]
+    id: Option<Id>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    result: Present,
+    #[serde(default)]
+    error: Option<RpcError>,
+}
+
+/// What kind of frame arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FrameKind {
+    Request { id: Id, method: String },
+    Notification { method: String },
+    Response { id: Id },
+    Error { id: Option<Id>, error: RpcError },
+}
+
+/// A decoded envelope plus the raw bytes its params and result live in.
+#[derive(Clone)]
+pub struct Inbound {
+    pub codec: Codec,
+    pub kind: FrameKind,
+    bytes: Bytes,
+}
+
+impl fmt::Debug for Inbound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbound")
+            .field("kind", &self.kind)
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// An envelope that is valid JSON/MessagePack but not JSON-RPC.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("parse error: {0}")]
+    Parse(#[from] CodecError),
+    #[error("not a JSON-RPC frame: {detail}")]
+    Invalid { id: Option<Id>, detail: String },
+}
+
+impl FrameError {
+    /// The error object to answer with (PROTOCOL.md §2).
+    pub fn to_rpc(&self) -> (Option<Id>, RpcError) {
+        match self {
+            FrameError::Parse(e) => (None, RpcError::parse_error(e.to_string())),
+            FrameError::Invalid { id, detail } => (
+                id.clone(),
+                RpcError::invalid_request("invalid_request", detail.clone()),
+            ),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WithParams<P> {
+    #[serde(default = "Option::default")]
+    params: Option<P>,
+}
+
+#[derive(Deserialize)]
+struct WithResult<R> {
+    result: R,
+}
+
+impl Inbound {
+    /// Decode the envelope of one frame.
+    pub fn parse(codec: Codec, bytes: Bytes) -> Result<Inbound, FrameError> {
+        let head: RawHead = codec.decode(&bytes)?;
+        let kind = match (head.method, head.id, head.result.0, head.error) {
+            (Some(method), Some(id), false, None) => FrameKind::Request { id, method },
+            (Some(method), None, false, None) => FrameKind::Notification { method },
+            (None, Some(id), true, None) => FrameKind::Response { id },
+            (None, id, false, Some(error)) => FrameKind::Error { id, error },
+            (_, id, ..) => {
+                return Err(FrameError::Invalid {
+                    id,
+                    detail: "expected a request, a notification or a response".into(),
+                })
+            }
+        };
+        Ok(Inbound { codec, kind, bytes })
+    }
+
+    /// The method name of a request or notification.
+    pub fn method(&self) -> Option<&str> {
+        match &self.kind {
+            FrameKind::Request { method, .. } | FrameKind::Notification { method } => Some(method),
+            _ => None,
+        }
+    }
+
+    pub fn id(&self) -> Option<&Id> {
+        match &self.kind {
+            FrameKind::Request { id, .. } | FrameKind::Response { id } => Some(id),
+            FrameKind::Error { id, .. } => id.as_ref(),
+            FrameKind::Notification { .. } => None,
+        }
+    }
+
+    /// Decode `params` into the method's type. A missing `params` is an
+    /// empty object. Failure is -32602 with the decoder's message.
+    pub fn params<P: DeserializeOwned>(&self) -> Result<P, RpcError> {
+        let decoded: Result<WithParams<P>, _> = self.codec.decode(&self.bytes);
+        match decoded {
+            Ok(WithParams { params: Some(p) }) => Ok(p),
+            Ok(WithParams { params: None }) => self
+                .codec
+                .decode(self.codec.empty_map())
+                .map_err(|e| RpcError::invalid_params(e.to_string())),
+            Err(e) => Err(RpcError::invalid_params(e.to_string())),
+        }
+    }
+
+    /// Decode `result` of a response.
+    pub fn result<R: DeserializeOwned>(&self) -> Result<R, CodecError> {
+        self.codec
+            .decode::<WithResult<R>>(&self.bytes)
+            .map(|w| w.result)
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+/// An outgoing request.
+#[derive(Serialize)]
+pub struct OutRequest<'a, P: Serialize> {
+    pub jsonrpc: &'static str,
+    pub id: &'a str,
+    pub method: &'a str,
+    pub params: &'a P,
+}
+
+/// An outgoing notification.
+#[derive(Serialize)]
+pub struct OutNotification<'a, P: Serialize> {
+    pub jsonrpc: &'static str,
+    pub method: &'a str,
+    pub params: &'a P,
+}
+
+/// An outgoing success response.
+#[derive(Serialize)]
+pub struct OutResult<'a, R: Serialize> {
+    pub jsonrpc: &'static str,
+    pub id: &'a Id,
+    pub result: &'a R,
+}
+
+/// An outgoing error response (`id: null` when the request's id is unknown).
+#[derive(Serialize)]
+pub struct OutError<'a> {
+    pub jsonrpc: &'static str,
+    pub id: Option<&'a Id>,
+    pub error: &'a RpcError,
+}
+
+pub const JSONRPC: &str = "2.0";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::types::ProcessReadParams;
+
+    fn both(json: &str) -> Vec<Inbound> {
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        let mp = rmp_serde::to_vec_named(&v).unwrap();
+        vec![
+            Inbound::parse(Codec::Json, Bytes::from(json.to_owned())).unwrap(),
+            Inbound::parse(Codec::MsgPack, Bytes::from(mp)).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn classifies_frames() {
+        for f in both(r#"{"jsonrpc":"2.0","id":"1","method":"a.b","params":{}}"#) {
+            assert!(matches!(f.kind, FrameKind::Request { .. }));
+        }
+        for f in both(r#"{"jsonrpc":"2.0","method":"a.b"}"#) {
+            assert!(matches!(f.kind, FrameKind::Notification { .. }));
+        }
+        for f in both(r#"{"jsonrpc":"2.0","id":"1","result":null}"#) {
+            assert!(matches!(f.kind, FrameKind::Response { .. }));
+        }
+        for f in both(r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"x"}}"#) {
+            assert!(matches!(f.kind, FrameKind::Error { id: None, .. }));
+        }
+    }
+
+    #[test]
+    fn rejects_non_rpc_and_garbage() {
+        let e = Inbound::parse(Codec::Json, Bytes::from_static(b"{\"id\":\"3\"}")).unwrap_err();
+        assert_eq!(e.to_rpc().0, Some(Id::Str("3".into())));
+        assert_eq!(e.to_rpc().1.code, -32600);
+        let e = Inbound::parse(Codec::Json, Bytes::from_static(b"{nope")).unwrap_err();
+        assert_eq!(e.to_rpc().1.code, -32700);
+        let e = Inbound::parse(Codec::MsgPack, Bytes::from_static(&[0xc1])).unwrap_err();
+        assert_eq!(e.to_rpc().1.code, -32700);
+    }
+
+    #[test]
+    fn params_are_typed_and_bad_params_are_32602() {
+        let json = r#"{"jsonrpc":"2.0","id":"1","method":"process.read","params":{"sessionId":"s","processId":"p","stream":"stdout","cursor":5}}"#;
+        for f in both(json) {
+            let p: ProcessReadParams = f.params().unwrap();
+            assert_eq!(p.cursor, 5);
+        }
+        let bad =
+            r#"{"jsonrpc":"2.0","id":"1","method":"process.read","params":{"sessionId":"s"}}"#;
+        for f in both(bad) {
+            let e = f.params::<ProcessReadParams>().unwrap_err();
+            assert_eq!(e.code, -32602);
+        }
+    }
+}

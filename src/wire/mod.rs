@@ -1,0 +1,20 @@
+//! The wire: frames, codecs, the method table, typed params and results,
+//! error and close codes, transports, and the per-connection I/O with its
+//! request correlator. Nothing here holds business state.
+
+pub mod blob;
+pub mod codec;
+pub mod error;
+pub mod frame;
+pub mod link;
+pub mod method;
+pub mod transport;
+pub mod types;
+
+pub use blob::Blob;
+pub use codec::{Codec, Subprotocol};
+pub use error::{CloseCode, ErrorCode, RpcError};
+pub use frame::{FrameKind, Id, Inbound};
+pub use link::{CallError, Closed, Dispatch, Link, LinkLimits, Reader, Responder};
+pub use method::{Method, Owner, Version, METHODS};
+pub use transport::{Endpoint, Transport};

@@ -1,0 +1,153 @@
+//! `capabilities` of PROTOCOL.md §4. A missing member means "not offered":
+//! an executor advertises only what it really runs.
+
+use super::JsonMap;
+
+wire_struct! {
+    /// The advertised capabilities. Every member optional.
+    #[derive(Default)]
+    pub struct Capabilities {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub process: Option<ProcessCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub terminal: Option<TerminalCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub mcp: Option<McpCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub agent: Option<AgentCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub files: Option<FilesCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub artifacts: Option<ArtifactsCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub workspace: Option<WorkspaceCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub skills: Option<SkillsCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub fs: Option<FsCapability>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub shell: Option<ShellCapability>,
+        /// Members this version does not know, kept so a newer peer's
+        /// advertisement survives a round trip.
+        #[serde(flatten, default, skip_serializing_if = "JsonMap::is_empty")]
+        #[cfg_attr(test, proptest(value = "JsonMap::new()"))]
+        pub other: JsonMap,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct ProcessCapability {
+        pub enabled: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_processes: Option<u32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub buffer_bytes: Option<u64>,
+        #[serde(default)]
+        pub pty: bool,
+        #[serde(default)]
+        pub file_transfer: bool,
+        #[serde(default)]
+        pub git_credentials: bool,
+        #[serde(default)]
+        pub package_install: bool,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct TerminalCapability {
+        pub enabled: bool,
+        #[serde(default)]
+        pub kinds: Vec<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_sessions: Option<u32>,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct McpCapability {
+        #[serde(default)]
+        pub stdio: bool,
+        #[serde(default)]
+        pub http: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_servers: Option<u32>,
+        #[serde(default)]
+        pub secret_env: bool,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct AgentCapability {
+        pub enabled: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_sessions: Option<u32>,
+        #[serde(default)]
+        pub models: Vec<String>,
+        #[serde(default)]
+        pub permission_modes: Vec<String>,
+        #[serde(default)]
+        pub interaction_kinds: Vec<String>,
+        #[serde(default)]
+        pub file_inputs: bool,
+        #[serde(default)]
+        pub turn_resume: bool,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct FilesCapability {
+        pub enabled: bool,
+        #[serde(default)]
+        pub read_roots: Vec<String>,
+        #[serde(default)]
+        pub write_roots: Vec<String>,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct ArtifactsCapability {
+        #[serde(default)]
+        pub upload: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_bytes: Option<u64>,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct WorkspaceCapability {
+        #[serde(default)]
+        pub backup: bool,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct SkillsCapability {
+        #[serde(default)]
+        pub install: bool,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct FsCapability {
+        #[serde(default)]
+        pub fuse: bool,
+        #[serde(default)]
+        pub views: Vec<String>,
+    }
+}
+
+wire_struct! {
+    #[derive(Default)]
+    pub struct ShellCapability {
+        pub enabled: bool,
+    }
+}

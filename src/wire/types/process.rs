@@ -1,0 +1,195 @@
+//! `process.*` methods (PROTOCOL.md §7).
+
+use super::JsonMap;
+use crate::wire::Blob;
+use std::collections::BTreeMap;
+
+wire_enum! {
+    #[derive(Default)]
+    pub enum StdinMode { Open, #[default] Closed }
+}
+
+wire_enum! {
+    #[derive(Default)]
+    pub enum StderrMode { #[default] Separate, Merge }
+}
+
+wire_enum! {
+    #[derive(Default)]
+    pub enum IoMode { #[default] Pipe, Pty }
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+wire_struct! {
+    pub struct ProcessStartParams {
+        pub session_id: String,
+        pub process_id: String,
+        pub argv: Vec<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cwd: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub env: Option<BTreeMap<String, String>>,
+        #[serde(default, skip_serializing_if = "is_default")]
+        pub stdin: StdinMode,
+        #[serde(default, skip_serializing_if = "is_default")]
+        pub stderr: StderrMode,
+        #[serde(default, skip_serializing_if = "is_default")]
+        pub io_mode: IoMode,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub timeout_ms: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait_ms: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(test, proptest(strategy = "super::arb::opt_json_map()"))]
+        pub metadata: Option<JsonMap>,
+        /// PTY size for `ioMode: "pty"` (bmx extension; default 80x24).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cols: Option<u16>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub rows: Option<u16>,
+    }
+}
+
+wire_enum! {
+    pub enum ProcState { Running, Exited, Failed, Killed }
+}
+
+impl ProcState {
+    pub fn is_final(self) -> bool {
+        !matches!(self, ProcState::Running)
+    }
+}
+
+wire_struct! {
+    #[derive(Default, Copy)]
+    pub struct Cursors {
+        pub stdout: u64,
+        pub stderr: u64,
+    }
+}
+
+wire_struct! {
+    /// The process state: the answer of start, interrupt, terminate, and the
+    /// rows of `process.list`.
+    pub struct ProcessState {
+        pub accepted: bool,
+        pub process_id: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub pid: Option<u32>,
+        pub state: ProcState,
+        pub started_at: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ended_at: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exit_code: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exit_signal: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub reason: Option<String>,
+        /// A human-readable message (spawn failures).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub message: Option<String>,
+        pub cursors: Cursors,
+    }
+}
+
+wire_enum! {
+    pub enum Stream { Stdout, Stderr }
+}
+
+wire_struct! {
+    pub struct ProcessReadParams {
+        pub session_id: String,
+        pub process_id: String,
+        pub stream: Stream,
+        pub cursor: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max_bytes: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait_ms: Option<u64>,
+    }
+}
+
+wire_struct! {
+    pub struct ProcessReadResult {
+        pub process_id: String,
+        pub stream: Stream,
+        pub data: Blob,
+        pub from_cursor: u64,
+        pub next_cursor: u64,
+        pub earliest_cursor: u64,
+        pub gap: bool,
+        pub truncated: bool,
+        pub eof: bool,
+        pub state: ProcState,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exit_code: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exit_signal: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ended_at: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub reason: Option<String>,
+    }
+}
+
+wire_struct! {
+    pub struct ProcessWriteParams {
+        pub session_id: String,
+        pub process_id: String,
+        #[serde(default)]
+        pub data: Blob,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub close_stdin: bool,
+    }
+}
+
+wire_struct! {
+    /// `{sessionId, processId}`: `process.interrupt`.
+    pub struct ProcessRefParams {
+        pub session_id: String,
+        pub process_id: String,
+    }
+}
+
+wire_struct! {
+    pub struct ProcessTerminateParams {
+        pub session_id: String,
+        pub process_id: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub grace_ms: Option<u64>,
+    }
+}
+
+wire_struct! {
+    /// `{sessionId}`: `process.list` and other session-wide requests.
+    pub struct SessionRefParams {
+        pub session_id: String,
+    }
+}
+
+wire_struct! {
+    pub struct ProcessListResult {
+        pub processes: Vec<ProcessState>,
+    }
+}
+
+wire_struct! {
+    pub struct ProcessStatusParams {
+        pub session_id: String,
+        pub process_id: String,
+        pub state: ProcState,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exit_code: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exit_signal: Option<i32>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub ended_at: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub reason: Option<String>,
+        pub observed_at: String,
+    }
+}

@@ -1,0 +1,102 @@
+//! `session.*` methods (PROTOCOL.md §5).
+
+use super::{JsonMap, McpServerSpec};
+use serde_json::Value;
+
+wire_struct! {
+    /// `lease` of `session.assign`.
+    pub struct LeaseGrant {
+        pub token: String,
+        pub fencing_token: u64,
+    }
+}
+
+wire_struct! {
+    pub struct AssignParams {
+        pub session_id: String,
+        pub work_id: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub agent_id: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub environment_id: Option<String>,
+        pub lease: LeaseGrant,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub deadline_ms: Option<u64>,
+        #[serde(default)]
+        pub mcp_servers: Vec<McpServerSpec>,
+        #[serde(default)]
+        #[cfg_attr(test, proptest(strategy = "super::arb::json_map()"))]
+        pub metadata: JsonMap,
+        #[serde(default)]
+        #[cfg_attr(test, proptest(strategy = "super::arb::json_vec()"))]
+        pub resources: Vec<Value>,
+    }
+}
+
+wire_struct! {
+    pub struct AssignResult {
+        pub accepted: bool,
+        pub session_id: String,
+    }
+}
+
+wire_struct! {
+    pub struct ReadyParams {
+        pub session_id: String,
+        pub work_id: String,
+        pub lease_token: String,
+    }
+}
+
+wire_enum! {
+    pub enum SessionStatus { Starting, Running, Idle, Stopping, Stopped, Error }
+}
+
+wire_struct! {
+    /// `session.status` notification.
+    pub struct StatusParams {
+        pub session_id: String,
+        pub status: SessionStatus,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub detail: Option<String>,
+    }
+}
+
+wire_struct! {
+    pub struct StopParams {
+        pub session_id: String,
+        pub reason: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub deadline_ms: Option<u64>,
+        /// Keep the workspace directory instead of removing it (PROTOCOL.md
+        /// §5 "unless told to keep it").
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub keep_workspace: bool,
+    }
+}
+
+wire_struct! {
+    pub struct StopResult {
+        pub stopped: bool,
+    }
+}
+
+wire_struct! {
+    pub struct EndedParams {
+        pub session_id: String,
+        pub reason: String,
+    }
+}
+
+wire_struct! {
+    pub struct SessionCloseParams {
+        pub session_id: String,
+        pub reason: String,
+    }
+}
+
+wire_struct! {
+    pub struct SessionCloseResult {
+        pub closed: bool,
+    }
+}
