@@ -3,4 +3,9 @@
 //! * [`wire`]: frames, codecs, the method table, transports.
 //! * [`supervisor`]: OTP-style supervision over ractor.
 
+pub mod lease;
+pub mod process;
+pub mod supervisor;
+pub mod terminal;
+pub mod tools;
 pub mod wire;

@@ -1,0 +1,16 @@
+//! OTP-style supervision over ractor.
+//!
+//! ractor reports child exits but restarts nothing; this module supplies the
+//! policy: restart types, strategies, restart intensity, backoff with
+//! jitter, final (`shutdown`) exits, significant children and orderly
+//! shutdown. [`policy`] is sans-IO and property-tested; [`actor`] applies
+//! it. See docs/architecture.md for why bmx does not use ractor-supervisor.
+
+pub mod actor;
+pub mod policy;
+
+pub use actor::{stop_child, ChildSpec, Supervisor, SupervisorExit, SupervisorMsg, SupervisorSpec};
+pub use policy::{Backoff, Exit, Intensity, Restart, RestartWindow, Strategy, SHUTDOWN};
+
+#[cfg(test)]
+mod tests;

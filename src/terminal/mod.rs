@@ -1,0 +1,3 @@
+//! Terminals: the numbered scrollback (sans-IO).
+
+pub mod scrollback;

@@ -1,0 +1,162 @@
+//! `list_files`: the entries of one directory, like `ls -a`.
+//!
+//! Entries are sorted by name and directories carry a trailing `/` so the
+//! model can tell what to descend into. The listing does not recurse (use
+//! `glob` for that) and does not follow symlinks: a symlink is shown by its
+//! own name, never as the directory it points to, so listing cannot reveal
+//! anything outside the workspace. A symlinked *path* given as input is
+//! resolved by [`boundary::resolve`] and refused if it leaves.
+
+use std::fs;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::output::truncate_text;
+use super::read::io_failure;
+use super::{boundary, parse_input, reason, run_blocking, Tool, ToolContext, ToolOutput};
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ListFilesInput {
+    path: Option<String>,
+}
+
+/// The `list_files` tool.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListFilesTool;
+
+#[async_trait::async_trait]
+impl Tool for ListFilesTool {
+    fn name(&self) -> &str {
+        "list_files"
+    }
+
+    async fn run(&self, ctx: ToolContext, input: Value) -> ToolOutput {
+        let input: ListFilesInput = match parse_input("list_files", &input) {
+            Ok(input) => input,
+            Err(out) => return out,
+        };
+        let workspace = ctx.workspace.clone();
+        let limit = ctx.inline_limit;
+        run_blocking(&ctx, move |cancel| list(&workspace, &input, limit, &cancel)).await
+    }
+}
+
+fn list(
+    workspace: &Path,
+    input: &ListFilesInput,
+    inline_limit: usize,
+    cancel: &CancellationToken,
+) -> ToolOutput {
+    let dir = match boundary::resolve(workspace, input.path.as_deref().unwrap_or("")) {
+        Ok(dir) => dir,
+        Err(err) => return err.into(),
+    };
+    let shown = boundary::display(workspace, &dir);
+    match fs::metadata(&dir) {
+        Ok(meta) if !meta.is_dir() => {
+            return ToolOutput::failure(
+                reason::NOT_A_DIRECTORY,
+                format!("`{shown}` is not a directory"),
+            )
+        }
+        Ok(_) => {}
+        Err(err) => return io_failure(&shown, &err),
+    }
+    let reader = match fs::read_dir(&dir) {
+        Ok(reader) => reader,
+        Err(err) => return io_failure(&shown, &err),
+    };
+    let mut entries: Vec<(std::ffi::OsString, bool)> = Vec::new();
+    for (i, entry) in reader.filter_map(Result::ok).enumerate() {
+        if i % 1024 == 0 && cancel.is_cancelled() {
+            return ToolOutput::canceled("canceled");
+        }
+        // DirEntry::file_type does not follow symlinks.
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        entries.push((entry.file_name(), is_dir));
+    }
+    if entries.is_empty() {
+        return ToolOutput::success(format!("(`{shown}` is empty)"));
+    }
+    entries.sort();
+    let mut text = String::new();
+    for (name, is_dir) in &entries {
+        text.push_str(&name.to_string_lossy());
+        if *is_dir {
+            text.push('/');
+        }
+        text.push('\n');
+    }
+    let rendered = truncate_text(&text, inline_limit);
+    let truncated = rendered.truncated();
+    let mut text = rendered.text;
+    if truncated {
+        text.push_str(&format!(
+            "[{} entries; listing cut at {inline_limit} bytes, use glob to narrow it]\n",
+            entries.len()
+        ));
+    }
+    ToolOutput::success(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Outcome;
+    use super::*;
+    use serde_json::json;
+    use std::os::unix::fs::symlink;
+    use std::path::PathBuf;
+
+    fn setup() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = fs::canonicalize(dir.path()).unwrap();
+        (dir, ws)
+    }
+
+    async fn ls(ws: &Path, input: Value) -> ToolOutput {
+        ListFilesTool.run(ToolContext::new(ws, "call"), input).await
+    }
+
+    #[tokio::test]
+    async fn sorted_with_directory_slash() {
+        let (_d, ws) = setup();
+        fs::create_dir_all(ws.join("src/inner")).unwrap();
+        fs::write(ws.join("b.txt"), "").unwrap();
+        fs::write(ws.join("a.txt"), "").unwrap();
+        fs::write(ws.join(".hidden"), "").unwrap();
+        fs::write(ws.join("src/main.rs"), "").unwrap();
+        symlink("/etc", ws.join("etc-link")).unwrap();
+        let out = ls(&ws, json!({})).await;
+        assert_eq!(out.outcome, Outcome::Succeeded);
+        assert_eq!(out.text, ".hidden\na.txt\nb.txt\netc-link\nsrc/\n");
+        let out = ls(&ws, json!({"path": "src"})).await;
+        assert_eq!(out.text, "inner/\nmain.rs\n");
+        let out = ls(&ws, json!({"path": "src/inner"})).await;
+        assert!(out.text.contains("empty"));
+    }
+
+    #[tokio::test]
+    async fn errors_and_boundary() {
+        let (_d, ws) = setup();
+        fs::write(ws.join("f"), "").unwrap();
+        symlink("/etc", ws.join("etc-link")).unwrap();
+        let out = ls(&ws, json!({"path": "f"})).await;
+        assert_eq!(out.reason.as_deref(), Some(reason::NOT_A_DIRECTORY));
+        let out = ls(&ws, json!({"path": "missing"})).await;
+        assert_eq!(out.reason.as_deref(), Some(reason::NOT_FOUND));
+        for path in ["..", "/etc", "etc-link", "etc-link/ssl"] {
+            let out = ls(&ws, json!({ "path": path })).await;
+            assert_eq!(
+                out.reason.as_deref(),
+                Some(reason::WORKSPACE_BOUNDARY),
+                "{path}"
+            );
+        }
+        let out = ls(&ws, json!({"path": 1})).await;
+        assert_eq!(out.reason.as_deref(), Some(reason::INVALID_INPUT));
+    }
+}
