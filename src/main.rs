@@ -1,1 +1,5 @@
-fn main() {}
+//! The `bmx` binary: see `bmx --help`.
+
+fn main() -> std::process::ExitCode {
+    bmx::cli::main()
+}

@@ -1,0 +1,69 @@
+//! The command line: one module per subcommand.
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+pub mod bench;
+pub mod executor;
+pub mod harness;
+
+/// bmx: an actor-model runtime for the executor protocol.
+///
+/// `bmx up` runs a harness and one executor on this machine; `bmx executor`
+/// runs the daemon against a remote harness; `bmx harness` runs only the
+/// control plane.
+#[derive(Debug, Parser)]
+#[command(name = "bmx", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the executor daemon: connect to a harness and do its sessions' work.
+    Executor(executor::ExecutorArgs),
+    /// Run the harness (control plane): accept executors, serve the HTTP API.
+    Harness(harness::HarnessArgs),
+    /// Run a local harness and one executor connected to it, until Ctrl-C.
+    Up(harness::UpArgs),
+    /// Run a command on an executor through the harness API and stream its output.
+    Exec(harness::ExecArgs),
+    /// List executors and sessions of a harness.
+    Ps(harness::PsArgs),
+    /// Benchmarks (baseline and bmx measured in one run).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+/// Install the tracing subscriber: stderr, `RUST_LOG`-style filter (default `info`).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bmx: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Executor(args) => executor::run(args).await,
+            Command::Harness(args) => harness::run_harness(args).await,
+            Command::Up(args) => harness::run_up(args).await,
+            Command::Exec(args) => harness::run_exec(args).await,
+            Command::Ps(args) => harness::run_ps(args).await,
+            Command::Bench(cmd) => bench::run(cmd).await,
+        }
+    })
+}
