@@ -3,6 +3,10 @@
 //! * [`wire`]: frames, codecs, the method table, transports.
 //! * [`supervisor`]: OTP-style supervision over ractor.
 
+pub mod actors;
+pub mod cli;
+pub mod executor;
+pub mod harness;
 pub mod lease;
 pub mod process;
 pub mod supervisor;

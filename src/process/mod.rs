@@ -1,3 +1,5 @@
-//! Processes: the output ring (sans-IO) and, in the executor, the process actor.
+//! Processes: the output ring (sans-IO) and the OS plumbing the executor's
+//! process actor uses.
 
 pub mod ring;
+pub mod sys;

@@ -1,0 +1,19 @@
+//! Executor-side actors.
+//!
+//! ```text
+//! executor root (supervisor, one_for_one)
+//! ├── sessions            session actors + lease clock (permanent)
+//! │   └── session <id>    workspace, fence, processes, tools (temporary)
+//! │       ├── process <id>
+//! │       └── tool <id>
+//! └── connection          dial, register, heartbeat, route (permanent,
+//!                         significant, reconnect backoff)
+//! ```
+
+pub mod connection;
+pub mod process;
+pub mod root;
+pub mod router;
+pub mod session;
+pub mod sessions;
+pub mod tool;

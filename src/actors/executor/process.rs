@@ -1,0 +1,770 @@
+//! One process: a child (pipes or a PTY) in its own process group, its
+//! stdout/stderr rings, long-poll readers, stdin, signals and timeout.
+//!
+//! Output is read straight into the ring (`write_slot`/`commit`) by a pump
+//! task per stream on a non-blocking pipe with a 1 MiB buffer, so the child
+//! never waits on bmx: a full ring drops its oldest bytes instead. Readers
+//! are tasks woken by a watch channel when bytes arrive or the process ends
+//! (no polling loops). The actor owns the process's lifecycle; the rings
+//! are shared with the pump and reader tasks behind a mutex held only for a
+//! copy.
+
+use super::session::SessionMsg;
+use crate::executor::Shared;
+use crate::process::ring::OutputRing;
+use crate::process::sys;
+use crate::wire::types::{
+    now_rfc3339, Accepted, Cursors, IoMode, ProcState, ProcessReadParams, ProcessReadResult,
+    ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams, StderrMode,
+    StdinMode, Stream,
+};
+use crate::wire::{Blob, Codec, Method, Responder, RpcError};
+use bytes::Bytes;
+use nix::sys::signal::Signal;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+
+/// Bytes one pump read asks for.
+const READ_CHUNK: usize = 1 << 20;
+/// Pipe buffer for stdout/stderr (`F_SETPIPE_SZ`).
+const PIPE_BYTES: usize = 1 << 20;
+/// Queued stdin writes before -32015.
+const STDIN_QUEUE: usize = 64;
+
+pub enum ProcessMsg {
+    /// Answer `process.start` (after `waitMs` if given).
+    Started {
+        reply: Responder,
+        wait_ms: Option<u64>,
+    },
+    GetState(RpcReplyPort<ProcessState>),
+    Read(ProcessReadParams, Responder),
+    Write(ProcessWriteParams, Responder),
+    Interrupt(Responder),
+    /// SIGTERM to the group, SIGKILL to the tree after `grace`.
+    Terminate {
+        grace: Duration,
+        reason: String,
+        reply: Option<Responder>,
+        done: Option<oneshot::Sender<()>>,
+    },
+    /// SIGKILL the tree now.
+    Kill(String),
+    /// The child exited (from the wait task).
+    Exited(std::process::ExitStatus),
+    /// `timeoutMs` passed.
+    TimedOut,
+    /// The grace period of a terminate passed.
+    Escalate,
+}
+
+impl ProcessMsg {
+    /// Answer whatever responder the message carries with `error`.
+    pub fn fail(self, error: RpcError) {
+        match self {
+            ProcessMsg::Started { reply, .. }
+            | ProcessMsg::Read(_, reply)
+            | ProcessMsg::Write(_, reply)
+            | ProcessMsg::Interrupt(reply)
+            | ProcessMsg::Terminate {
+                reply: Some(reply), ..
+            } => reply.err(error),
+            _ => {}
+        }
+    }
+}
+
+/// One output stream: the ring, the end cursor as a watch (readers wait on
+/// it), and whether the pipe reached EOF.
+pub struct StreamBuf {
+    ring: Mutex<OutputRing>,
+    end: watch::Sender<u64>,
+    closed: AtomicBool,
+}
+
+impl StreamBuf {
+    fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(StreamBuf {
+            ring: Mutex::new(OutputRing::new(capacity)),
+            end: watch::channel(0).0,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn end(&self) -> u64 {
+        self.ring.lock().map(|r| r.end()).unwrap_or(0)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.end.send_modify(|_| {});
+    }
+}
+
+/// Read a non-blocking fd into a stream's ring until EOF (or EIO: a PTY
+/// whose slave side is gone).
+pub async fn pump(fd: OwnedFd, buf: Arc<StreamBuf>) {
+    let afd = match sys::async_fd(fd) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch output");
+            return buf.close();
+        }
+    };
+    loop {
+        let mut guard = match afd.readable().await {
+            Ok(g) => g,
+            Err(_) => break,
+        };
+        let result = {
+            let Ok(mut ring) = buf.ring.lock() else { break };
+            let slot = ring.write_slot(READ_CHUNK);
+            match nix::unistd::read(afd.get_ref().as_fd(), slot) {
+                Ok(0) => Err(None),
+                Ok(n) => {
+                    ring.commit(n);
+                    Ok(ring.end())
+                }
+                Err(nix::errno::Errno::EAGAIN) => Err(Some(())),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => Err(None),
+            }
+        };
+        match result {
+            Ok(end) => {
+                buf.end.send_replace(end);
+            }
+            Err(Some(())) => guard.clear_ready(),
+            Err(None) => break,
+        }
+    }
+    buf.close();
+}
+
+enum StdinOp {
+    Data(Bytes),
+    Close,
+}
+
+async fn stdin_writer(fd: OwnedFd, mut rx: mpsc::Receiver<StdinOp>) {
+    let Ok(afd) = sys::async_fd(fd) else { return };
+    while let Some(op) = rx.recv().await {
+        let StdinOp::Data(data) = op else { return };
+        let mut off = 0;
+        while off < data.len() {
+            let Ok(mut guard) = afd.writable().await else {
+                return;
+            };
+            match nix::unistd::write(afd.get_ref(), &data[off..]) {
+                Ok(n) => off += n,
+                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+                Err(nix::errno::Errno::EINTR) => {}
+                // EPIPE: the child closed its stdin; drop the rest.
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// A snapshot of the lifecycle, published for reader tasks.
+#[derive(Debug, Clone)]
+struct Status {
+    state: ProcState,
+    exit_code: Option<i32>,
+    exit_signal: Option<i32>,
+    ended_at: Option<String>,
+    reason: Option<String>,
+}
+
+pub struct ProcessArgs {
+    pub shared: Arc<Shared>,
+    pub session: ActorRef<SessionMsg>,
+    pub session_id: String,
+    pub workspace: PathBuf,
+    pub scope: String,
+    pub spec: ProcessStartParams,
+    pub read_slots: Arc<Semaphore>,
+}
+
+pub struct ProcessActor;
+
+pub struct ProcessData {
+    shared: Arc<Shared>,
+    session: ActorRef<SessionMsg>,
+    session_id: String,
+    spec: ProcessStartParams,
+    scope: String,
+    pid: Option<u32>,
+    started_at: String,
+    message: Option<String>,
+    status: watch::Sender<Status>,
+    stdout: Arc<StreamBuf>,
+    stderr: Arc<StreamBuf>,
+    stdin: Option<mpsc::Sender<StdinOp>>,
+    kill_reason: Option<String>,
+    terminate_waiters: Vec<(Option<Responder>, Option<oneshot::Sender<()>>)>,
+    read_slots: Arc<Semaphore>,
+}
+
+struct Spawned {
+    pid: u32,
+    child: tokio::process::Child,
+    stdout: OwnedFd,
+    stderr: Option<OwnedFd>,
+    stdin: Option<OwnedFd>,
+}
+
+fn resolve_cwd(workspace: &std::path::Path, cwd: Option<&str>) -> Result<PathBuf, RpcError> {
+    match cwd {
+        None => Ok(workspace.to_path_buf()),
+        Some(c) => crate::tools::boundary::resolve(workspace, c).map_err(|e| {
+            RpcError::new(crate::wire::ErrorCode::Forbidden, format!("cwd: {e}"))
+                .with_reason("workspace_boundary")
+        }),
+    }
+}
+
+/// The child's environment: the executor's, minus denied names, plus the
+/// spec's, plus the scope tag.
+fn build_env(
+    shared: &Shared,
+    spec: &ProcessStartParams,
+    scope: &str,
+) -> Result<Vec<(String, String)>, RpcError> {
+    let deny = &shared.config.deny_env;
+    if let Some(env) = &spec.env {
+        if let Some(bad) = env
+            .keys()
+            .find(|k| deny.contains(k) || k.as_str() == sys::SCOPE_ENV)
+        {
+            return Err(RpcError::new(
+                crate::wire::ErrorCode::Forbidden,
+                format!("environment variable {bad:?} is denied"),
+            )
+            .with_reason("denied_env"));
+        }
+    }
+    let mut vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| !deny.contains(k) && k != sys::SCOPE_ENV)
+        .collect();
+    if let Some(env) = &spec.env {
+        for (k, v) in env {
+            vars.retain(|(kk, _)| kk != k);
+            vars.push((k.clone(), v.clone()));
+        }
+    }
+    if spec.io_mode == IoMode::Pty && !vars.iter().any(|(k, _)| k == "TERM") {
+        vars.push(("TERM".into(), "xterm-256color".into()));
+    }
+    vars.push((sys::SCOPE_ENV.into(), scope.to_owned()));
+    Ok(vars)
+}
+
+fn spawn(
+    shared: &Shared,
+    spec: &ProcessStartParams,
+    cwd: PathBuf,
+    env: Vec<(String, String)>,
+) -> std::io::Result<Spawned> {
+    let mut cmd = tokio::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env)
+        .kill_on_drop(false);
+    let _ = shared;
+    let (stdout_r, stderr_r, stdin_w);
+    match spec.io_mode {
+        IoMode::Pipe => {
+            let (out_r, out_w) = sys::pipe(PIPE_BYTES)?;
+            let err_w = match spec.stderr {
+                StderrMode::Merge => {
+                    stderr_r = None;
+                    out_w.try_clone()?
+                }
+                StderrMode::Separate => {
+                    let (r, w) = sys::pipe(PIPE_BYTES)?;
+                    stderr_r = Some(r);
+                    w
+                }
+            };
+            match spec.stdin {
+                StdinMode::Open => {
+                    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+                    sys::set_nonblocking(&w)?;
+                    cmd.stdin(Stdio::from(r));
+                    stdin_w = Some(w);
+                }
+                StdinMode::Closed => {
+                    cmd.stdin(Stdio::null());
+                    stdin_w = None;
+                }
+            }
+            cmd.stdout(Stdio::from(out_w))
+                .stderr(Stdio::from(err_w))
+                .process_group(0);
+            stdout_r = out_r;
+        }
+        IoMode::Pty => {
+            let size = nix::pty::Winsize {
+                ws_row: spec.rows.unwrap_or(24),
+                ws_col: spec.cols.unwrap_or(80),
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            };
+            let pty = nix::pty::openpty(Some(&size), None)?;
+            let master = pty.master;
+            let slave = pty.slave;
+            nix::fcntl::fcntl(
+                &master,
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+            )?;
+            cmd.stdin(Stdio::from(slave.try_clone()?))
+                .stdout(Stdio::from(slave.try_clone()?))
+                .stderr(Stdio::from(slave));
+            // SAFETY: only async-signal-safe calls (setsid, ioctl) between
+            // fork and exec: a new session whose controlling terminal is
+            // the PTY on fd 0.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            sys::set_nonblocking(&master)?;
+            stdin_w = match spec.stdin {
+                StdinMode::Open => Some(master.try_clone()?),
+                StdinMode::Closed => None,
+            };
+            stdout_r = master;
+            stderr_r = None;
+        }
+    }
+    let child = sys::spawn_owned(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id().unwrap_or(0);
+        Ok((child, pid))
+    })?;
+    // `cmd` still holds the child's ends of the pipes: drop them now so EOF
+    // arrives when the child (not bmx) closes them.
+    drop(cmd);
+    let pid = child.id().unwrap_or(0);
+    Ok(Spawned {
+        pid,
+        child,
+        stdout: stdout_r,
+        stderr: stderr_r,
+        stdin: stdin_w,
+    })
+}
+
+impl ProcessData {
+    fn snapshot(&self) -> ProcessState {
+        let s = self.status.borrow().clone();
+        ProcessState {
+            accepted: true,
+            process_id: self.spec.process_id.clone(),
+            pid: self.pid,
+            state: s.state,
+            started_at: self.started_at.clone(),
+            ended_at: s.ended_at,
+            exit_code: s.exit_code,
+            exit_signal: s.exit_signal,
+            reason: s.reason,
+            message: self.message.clone(),
+            cursors: Cursors {
+                stdout: self.stdout.end(),
+                stderr: self.stderr.end(),
+            },
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.status.borrow().state == ProcState::Running
+    }
+
+    fn pgid(&self) -> Option<i32> {
+        self.pid.map(|p| p as i32)
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(g) = self.pgid() {
+            sys::signal_group(g, sig);
+        }
+    }
+
+    fn kill_tree_now(&self) {
+        let (pid, scope) = (self.pgid(), self.scope.clone());
+        // /proc walks and kills are blocking: off the actor's thread.
+        tokio::task::spawn_blocking(move || sys::kill_tree(pid, pid, &scope));
+    }
+
+    fn announce(&self) {
+        let ps = self.snapshot();
+        let _ = self
+            .session
+            .send_message(SessionMsg::ProcessChanged(ps.clone()));
+        if let Some(link) = self.shared.link() {
+            let _ = link.notify(
+                Method::ProcessStatus,
+                &ProcessStatusParams {
+                    session_id: self.session_id.clone(),
+                    process_id: ps.process_id,
+                    state: ps.state,
+                    exit_code: ps.exit_code,
+                    exit_signal: ps.exit_signal,
+                    ended_at: ps.ended_at,
+                    reason: ps.reason,
+                    observed_at: now_rfc3339(),
+                },
+            );
+        }
+    }
+}
+
+impl Actor for ProcessActor {
+    type Msg = ProcessMsg;
+    type State = ProcessData;
+    type Arguments = ProcessArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ProcessMsg>,
+        args: ProcessArgs,
+    ) -> Result<ProcessData, ActorProcessingErr> {
+        let capacity = args.shared.config.process_buffer_bytes;
+        let mut state = ProcessData {
+            stdout: StreamBuf::new(capacity),
+            stderr: StreamBuf::new(capacity),
+            status: watch::channel(Status {
+                state: ProcState::Running,
+                exit_code: None,
+                exit_signal: None,
+                ended_at: None,
+                reason: None,
+            })
+            .0,
+            shared: args.shared.clone(),
+            session: args.session,
+            session_id: args.session_id,
+            scope: args.scope,
+            pid: None,
+            started_at: now_rfc3339(),
+            message: None,
+            stdin: None,
+            kill_reason: None,
+            terminate_waiters: Vec::new(),
+            read_slots: args.read_slots,
+            spec: args.spec,
+        };
+        let spawned = resolve_cwd(&args.workspace, state.spec.cwd.as_deref())
+            .map_err(|e| {
+                e.message
+                    + &e.data
+                        .and_then(|d| d.detail)
+                        .map(|d| format!(": {d}"))
+                        .unwrap_or_default()
+            })
+            .and_then(|cwd| {
+                let env =
+                    build_env(&args.shared, &state.spec, &state.scope).map_err(|e| e.message)?;
+                spawn(&args.shared, &state.spec, cwd, env)
+                    .map_err(|e| format!("{}: {e}", state.spec.argv[0]))
+            });
+        match spawned {
+            Ok(s) => {
+                state.pid = Some(s.pid);
+                tokio::spawn(pump(s.stdout, state.stdout.clone()));
+                match s.stderr {
+                    Some(fd) => {
+                        tokio::spawn(pump(fd, state.stderr.clone()));
+                    }
+                    None => state.stderr.close(),
+                }
+                if let Some(fd) = s.stdin {
+                    let (tx, rx) = mpsc::channel(STDIN_QUEUE);
+                    tokio::spawn(stdin_writer(fd, rx));
+                    state.stdin = Some(tx);
+                }
+                let (me, mut child, pid) = (myself.clone(), s.child, s.pid);
+                tokio::spawn(async move {
+                    let status = child.wait().await;
+                    sys::release_owned(pid);
+                    if let Ok(status) = status {
+                        let _ = me.send_message(ProcessMsg::Exited(status));
+                    }
+                });
+                if let Some(ms) = state.spec.timeout_ms {
+                    myself.send_after(Duration::from_millis(ms), || ProcessMsg::TimedOut);
+                }
+            }
+            Err(message) => {
+                tracing::info!(process = %state.spec.process_id, %message, "spawn failed");
+                state.message = Some(message);
+                state.status.send_replace(Status {
+                    state: ProcState::Failed,
+                    exit_code: None,
+                    exit_signal: None,
+                    ended_at: Some(now_rfc3339()),
+                    reason: Some("spawn_failed".into()),
+                });
+                state.stdout.close();
+                state.stderr.close();
+            }
+        }
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        _myself: ActorRef<ProcessMsg>,
+        state: &mut ProcessData,
+    ) -> Result<(), ActorProcessingErr> {
+        state.announce();
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ProcessMsg>,
+        state: &mut ProcessData,
+    ) -> Result<(), ActorProcessingErr> {
+        if state.running() {
+            let (pid, scope) = (state.pgid(), state.scope.clone());
+            let _ = tokio::task::spawn_blocking(move || sys::kill_tree(pid, pid, &scope)).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ProcessMsg>,
+        msg: ProcessMsg,
+        state: &mut ProcessData,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            ProcessMsg::Started { reply, wait_ms } => match wait_ms.filter(|&ms| ms > 0) {
+                Some(ms) if state.running() => {
+                    let mut rx = state.status.subscribe();
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        let wait = rx.wait_for(|s| s.state.is_final());
+                        let _ = tokio::time::timeout(Duration::from_millis(ms), wait).await;
+                        match ractor::call!(me, ProcessMsg::GetState) {
+                            Ok(s) => reply.ok(&s),
+                            Err(_) => reply.err(RpcError::internal("process actor stopped")),
+                        }
+                    });
+                }
+                _ => reply.ok(&state.snapshot()),
+            },
+            ProcessMsg::GetState(port) => {
+                let _ = port.send(state.snapshot());
+            }
+            ProcessMsg::Read(p, reply) => self.read(state, p, reply),
+            ProcessMsg::Write(p, reply) => {
+                let limit = state.shared.limits().process_write_bytes();
+                if p.data.len() as u64 > limit {
+                    return Ok(reply.err(RpcError::payload_too_large(format!(
+                        "maxProcessWriteBytes is {limit}"
+                    ))));
+                }
+                let Some(tx) = state.stdin.as_ref() else {
+                    return Ok(reply.err(RpcError::conflict("stdin_closed", "stdin is closed")));
+                };
+                if !p.data.is_empty() && tx.try_send(StdinOp::Data(p.data.0)).is_err() {
+                    return Ok(reply.err(RpcError::resource_unavailable("stdin queue is full")));
+                }
+                if p.close_stdin {
+                    let _ = tx.try_send(StdinOp::Close);
+                    state.stdin = None;
+                }
+                reply.ok(&Accepted::YES);
+            }
+            ProcessMsg::Interrupt(reply) => {
+                if state.running() {
+                    state.signal(Signal::SIGINT);
+                }
+                reply.ok(&state.snapshot());
+            }
+            ProcessMsg::Terminate {
+                grace,
+                reason,
+                reply,
+                done,
+            } => {
+                if !state.running() {
+                    if let Some(r) = reply {
+                        r.ok(&state.snapshot());
+                    }
+                    if let Some(d) = done {
+                        let _ = d.send(());
+                    }
+                    return Ok(());
+                }
+                if state.kill_reason.is_none() {
+                    state.kill_reason = Some(reason);
+                }
+                state.terminate_waiters.push((reply, done));
+                state.signal(Signal::SIGTERM);
+                myself.send_after(grace, || ProcessMsg::Escalate);
+            }
+            ProcessMsg::Escalate => {
+                if state.running() {
+                    state.kill_tree_now();
+                }
+            }
+            ProcessMsg::Kill(reason) => {
+                if state.running() {
+                    state.kill_reason.get_or_insert(reason);
+                    state.kill_tree_now();
+                }
+            }
+            ProcessMsg::TimedOut => {
+                if state.running() {
+                    tracing::info!(process = %state.spec.process_id, "timeout: killing the group");
+                    state.kill_reason = Some("timeout".into());
+                    state.kill_tree_now();
+                }
+            }
+            ProcessMsg::Exited(status) => {
+                let (exit_code, exit_signal) = (status.code(), status.signal());
+                let killed = exit_signal.is_some() || state.kill_reason.is_some();
+                state.status.send_replace(Status {
+                    state: if killed {
+                        ProcState::Killed
+                    } else {
+                        ProcState::Exited
+                    },
+                    exit_code,
+                    exit_signal,
+                    ended_at: Some(now_rfc3339()),
+                    reason: state.kill_reason.clone(),
+                });
+                // What the process left running dies with it (no orphans),
+                // which also closes the pipes so readers see EOF.
+                state.kill_tree_now();
+                state.stdin = None;
+                state.announce();
+                let snapshot = state.snapshot();
+                for (reply, done) in state.terminate_waiters.drain(..) {
+                    if let Some(r) = reply {
+                        r.ok(&snapshot);
+                    }
+                    if let Some(d) = done {
+                        let _ = d.send(());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ProcessActor {
+    fn read(&self, state: &ProcessData, p: ProcessReadParams, reply: Responder) {
+        let buf = match p.stream {
+            Stream::Stdout => state.stdout.clone(),
+            Stream::Stderr => state.stderr.clone(),
+        };
+        let limits = state.shared.limits();
+        let frame = state
+            .shared
+            .registration()
+            .map(|r| r.max_control_frame_bytes)
+            .unwrap_or(1 << 20);
+        // The answer must fit one control frame: leave room for the
+        // envelope, and for base64's 4/3 in JSON.
+        let room = frame.saturating_sub(2048);
+        let frame_cap = match reply.link().codec() {
+            Codec::Json => room / 4 * 3,
+            Codec::MsgPack => room,
+        };
+        let max = p
+            .max_bytes
+            .unwrap_or(u64::MAX)
+            .min(limits.process_read_bytes())
+            .min(frame_cap)
+            .max(1) as usize;
+        let status = state.status.subscribe();
+        let slots = state.read_slots.clone();
+        tokio::spawn(read_task(buf, status, slots, p, max, reply));
+    }
+}
+
+async fn read_task(
+    buf: Arc<StreamBuf>,
+    mut status: watch::Receiver<Status>,
+    slots: Arc<Semaphore>,
+    p: ProcessReadParams,
+    max: usize,
+    reply: Responder,
+) {
+    let mut end_rx = buf.end.subscribe();
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(p.wait_ms.unwrap_or(0).min(600_000));
+    let mut _slot = None;
+    loop {
+        let closed = buf.closed.load(Ordering::SeqCst);
+        let snapshot = status.borrow_and_update().clone();
+        let mut data = Vec::new();
+        let (span, end) = {
+            let Ok(ring) = buf.ring.lock() else {
+                return reply.err(RpcError::internal("output buffer poisoned"));
+            };
+            end_rx.borrow_and_update();
+            match ring.read_into(p.cursor, max, &mut data) {
+                Ok(span) => (span, ring.end()),
+                Err(e) => return reply.err(RpcError::invalid_params(e.to_string())),
+            }
+        };
+        let eof = snapshot.state.is_final() && closed && span.next == end;
+        let timed_out = tokio::time::Instant::now() >= deadline;
+        if !data.is_empty() || eof || timed_out {
+            let earliest = buf.ring.lock().map(|r| r.earliest()).unwrap_or(0);
+            return reply.ok(&ProcessReadResult {
+                process_id: p.process_id,
+                stream: p.stream,
+                data: Blob(Bytes::from(data)),
+                from_cursor: span.from,
+                next_cursor: span.next,
+                earliest_cursor: earliest.max(span.from.min(earliest)),
+                gap: span.gap,
+                truncated: span.truncated,
+                eof,
+                state: snapshot.state,
+                exit_code: snapshot.exit_code,
+                exit_signal: snapshot.exit_signal,
+                ended_at: snapshot.ended_at,
+                reason: snapshot.reason,
+            });
+        }
+        if _slot.is_none() {
+            match slots.clone().try_acquire_owned() {
+                Ok(s) => _slot = Some(s),
+                Err(_) => {
+                    return reply.err(RpcError::resource_unavailable(
+                        "maxConcurrentProcessReads waiting reads in this session",
+                    ))
+                }
+            }
+        }
+        tokio::select! {
+            _ = end_rx.changed() => {}
+            _ = status.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The executor's root supervisor: sessions first, then the connection.
+//!
+//! The connection is `permanent` with the reconnect backoff of PROTOCOL.md
+//! §3.4: a lost socket is a child exit and the restart is the reconnect. It
+//! is `significant`: when it ends for good (4004, 4001, 4003, a completed
+//! drain) the root shuts everything down in reverse order and reports why.
+
+use super::{connection::Connection, sessions::Sessions};
+use crate::executor::Shared;
+use crate::supervisor::{
+    ChildSpec, Restart, Supervisor, SupervisorExit, SupervisorMsg, SupervisorSpec,
+};
+use ractor::{Actor, ActorCell, ActorRef};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+pub async fn start(
+    shared: Arc<Shared>,
+) -> Result<(ActorRef<SupervisorMsg>, oneshot::Receiver<SupervisorExit>), ractor::SpawnErr> {
+    let s = shared.clone();
+    let sessions = ChildSpec::new("sessions", Restart::Permanent, move |sup: ActorCell| {
+        let s = s.clone();
+        async move {
+            Actor::spawn_linked(None, Sessions, s, sup)
+                .await
+                .map(|(a, _)| a.get_cell())
+                .map_err(|e| e.to_string())
+        }
+    })
+    // Ending every session kills its processes: allow for the stop deadline.
+    .shutdown_timeout(Duration::from_secs(15));
+    let s = shared.clone();
+    let connection = ChildSpec::new("connection", Restart::Permanent, move |sup: ActorCell| {
+        let s = s.clone();
+        async move {
+            Actor::spawn_linked(None, Connection, s, sup)
+                .await
+                .map(|(a, _)| a.get_cell())
+                .map_err(|e| match e {
+                    ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+                    other => other.to_string(),
+                })
+        }
+    })
+    .backoff(shared.config.reconnect_backoff)
+    .max_attempts(shared.config.reconnect_max_attempts)
+    .significant()
+    .shutdown_timeout(Duration::from_secs(5));
+    Supervisor::start(SupervisorSpec {
+        strategy: crate::supervisor::Strategy::OneForOne,
+        // Reconnects are bounded by the connection's own attempts, not by
+        // an intensity window (a flapping network is not a crash loop).
+        intensity: None,
+        children: vec![sessions, connection],
+    })
+    .await
+}

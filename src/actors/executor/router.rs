@@ -1,0 +1,146 @@
+//! The executor's frame router: decodes a frame's params into the type its
+//! method names and casts it to the actor that owns it (by the method table).
+//! It holds no business state: a lookup, a cast, nothing awaited.
+
+use super::connection::ConnMsg;
+use super::session::{SessionMsg, SessionRequest};
+use super::sessions::SessionsMsg;
+use crate::executor::Shared;
+use crate::wire::types::SessionRefParams;
+use crate::wire::{Dispatch, Inbound, Method, Owner, Responder, RpcError};
+use ractor::ActorRef;
+use serde::de::DeserializeOwned;
+use std::sync::Arc;
+
+pub struct ExecutorRouter {
+    shared: Arc<Shared>,
+    connection: ActorRef<ConnMsg>,
+}
+
+impl ExecutorRouter {
+    pub fn new(shared: Arc<Shared>, connection: ActorRef<ConnMsg>) -> Self {
+        ExecutorRouter { shared, connection }
+    }
+}
+
+/// The capability a method needs that this executor does not offer yet.
+fn missing_capability(method: Method) -> Option<&'static str> {
+    use Method::*;
+    match method {
+        TerminalOpen | TerminalAttach | TerminalClose | TerminalResize | TerminalInput => {
+            Some("terminal")
+        }
+        McpOpen | McpClose | McpFrame => Some("mcp"),
+        TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => Some("agent"),
+        WorkspaceBackup => Some("workspace"),
+        SkillInstall => Some("skills"),
+        FsMount | FsUnmount => Some("fs"),
+        _ => None,
+    }
+}
+
+fn decode<P: DeserializeOwned>(frame: &Inbound, reply: &mut Option<Responder>) -> Option<P> {
+    match frame.params::<P>() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            match reply.take() {
+                Some(r) => r.err(e),
+                None => tracing::warn!(error = %e, "notification with bad params ignored"),
+            }
+            None
+        }
+    }
+}
+
+fn answer(reply: Option<Responder>, error: RpcError) {
+    match reply {
+        Some(r) => r.err(error),
+        None => tracing::warn!(error = %error, "notification refused"),
+    }
+}
+
+impl Dispatch for ExecutorRouter {
+    fn dispatch(&self, frame: Inbound, mut reply: Option<Responder>) {
+        let Some(method) = frame.method().and_then(Method::from_name) else {
+            return;
+        };
+        let span = tracing::debug_span!("frame", %method, id = ?frame.id());
+        let _g = span.enter();
+        let version_ok = self
+            .shared
+            .link()
+            .map(|l| method.since() <= l.version())
+            .unwrap_or(true);
+        if !method.executor_receives() || !version_ok {
+            return answer(reply, RpcError::method_not_found(method.as_str()));
+        }
+        if let Some(cap) = missing_capability(method) {
+            return answer(reply, RpcError::capability_unavailable(cap));
+        }
+        match method.owner() {
+            Owner::Connection => {
+                if method == Method::ExecutorDrain {
+                    let (Some(p), Some(r)) = (decode(&frame, &mut reply), reply.take()) else {
+                        return;
+                    };
+                    if let Err(e) = self.connection.send_message(ConnMsg::Drain(p, r)) {
+                        tracing::warn!(error = %e, "connection actor gone");
+                    }
+                }
+            }
+            Owner::Sessions => {
+                let (Some(p), Some(r)) = (decode(&frame, &mut reply), reply.take()) else {
+                    return;
+                };
+                match self.shared.sessions_actor() {
+                    Some(s) => {
+                        if let Err(ractor::MessagingErr::SendErr(SessionsMsg::Assign(_, r))) =
+                            s.send_message(SessionsMsg::Assign(p, r))
+                        {
+                            r.err(RpcError::internal("sessions supervisor unavailable"));
+                        }
+                    }
+                    None => r.err(RpcError::internal("sessions supervisor unavailable")),
+                }
+            }
+            _ => self.session_scoped(method, &frame, reply),
+        }
+    }
+}
+
+impl ExecutorRouter {
+    fn session_scoped(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
+        let Some(SessionRefParams { session_id }) = decode(frame, &mut reply) else {
+            return;
+        };
+        let request = match method {
+            Method::SessionStop => decode(frame, &mut reply).map(SessionRequest::Stop),
+            Method::ProcessStart => decode(frame, &mut reply).map(SessionRequest::ProcessStart),
+            Method::ProcessRead => decode(frame, &mut reply).map(SessionRequest::ProcessRead),
+            Method::ProcessWrite => decode(frame, &mut reply).map(SessionRequest::ProcessWrite),
+            Method::ProcessInterrupt => {
+                decode(frame, &mut reply).map(SessionRequest::ProcessInterrupt)
+            }
+            Method::ProcessTerminate => {
+                decode(frame, &mut reply).map(SessionRequest::ProcessTerminate)
+            }
+            Method::ProcessList => Some(SessionRequest::ProcessList),
+            Method::ToolCall => decode(frame, &mut reply).map(SessionRequest::ToolCall),
+            Method::ToolCancel => decode(frame, &mut reply).map(SessionRequest::ToolCancel),
+            other => {
+                return answer(reply, RpcError::method_not_found(other.as_str()));
+            }
+        };
+        let (Some(request), Some(reply)) = (request, reply) else {
+            return;
+        };
+        let Some(session) = self.shared.sessions.get(&session_id).map(|s| s.clone()) else {
+            return reply.err(RpcError::session_not_active(&session_id));
+        };
+        if let Err(ractor::MessagingErr::SendErr(SessionMsg::Request(_, reply))) =
+            session.send_message(SessionMsg::Request(request, reply))
+        {
+            reply.err(RpcError::session_not_active(&session_id));
+        }
+    }
+}

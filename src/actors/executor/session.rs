@@ -1,0 +1,545 @@
+//! One session: its workspace, lease token, processes and tool calls.
+//!
+//! The session actor routes process and tool requests to its children and
+//! owns their specs (for idempotent starts). `session.stop` terminates every
+//! process group (SIGTERM, SIGKILL at the deadline, then every process still
+//! carrying the session's tag), removes the workspace, answers, and stops
+//! the actor with `ended:<reason>` so the sessions supervisor reports
+//! `session.ended`.
+
+use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
+use super::tool::{ToolActor, ToolArgs, ToolMsg};
+use crate::executor::Shared;
+use crate::wire::types::{
+    Accepted, ProcessReadParams, ProcessRefParams, ProcessTerminateParams, ProcessWriteParams,
+};
+use crate::wire::types::{
+    AssignParams, ProcState, ProcessListResult, ProcessStartParams, ProcessState, ReadyParams,
+    SessionStatus, StatusParams, StopParams, StopResult, ToolCallParams, ToolCancelParams,
+    ToolCancelResult,
+};
+use crate::wire::{Method, Responder, RpcError};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+/// Requests the router hands a session.
+pub enum SessionRequest {
+    Stop(StopParams),
+    ProcessStart(ProcessStartParams),
+    ProcessRead(ProcessReadParams),
+    ProcessWrite(ProcessWriteParams),
+    ProcessInterrupt(ProcessRefParams),
+    ProcessTerminate(ProcessTerminateParams),
+    ProcessList,
+    ToolCall(ToolCallParams),
+    ToolCancel(ToolCancelParams),
+}
+
+pub enum SessionMsg {
+    Request(SessionRequest, Responder),
+    /// A higher fencing token renewed the lease in place.
+    Renewed {
+        lease_token: String,
+    },
+    /// End the session.
+    Stop {
+        reason: String,
+        deadline: Duration,
+        keep_workspace: bool,
+        reply: Option<Responder>,
+    },
+    /// A process changed state (from its actor).
+    ProcessChanged(ProcessState),
+    /// A resumed register succeeded: re-send what is unacknowledged.
+    Reconnected,
+    /// session.ready was acknowledged.
+    ReadyAcked,
+}
+
+pub struct SessionArgs {
+    pub shared: Arc<Shared>,
+    pub params: AssignParams,
+}
+
+struct ProcEntry {
+    actor: ActorRef<ProcessMsg>,
+    spec: ProcessStartParams,
+    state: ProcState,
+}
+
+pub struct Session;
+
+pub struct SessionState {
+    shared: Arc<Shared>,
+    id: String,
+    work_id: String,
+    lease_token: String,
+    workspace: PathBuf,
+    scope: String,
+    processes: HashMap<String, ProcEntry>,
+    tools: HashMap<String, ActorRef<ToolMsg>>,
+    read_slots: Arc<Semaphore>,
+    ready_acked: bool,
+    stopping: bool,
+}
+
+/// A directory name for a session id from the wire: the id itself when it
+/// is short and plain, otherwise a hash (never `..`, `/` or a huge name).
+pub fn safe_name(id: &str) -> String {
+    let plain = !id.is_empty()
+        && id.len() <= 64
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if plain {
+        id.to_owned()
+    } else {
+        let digest = Sha256::digest(id.as_bytes());
+        let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+        format!("h-{hex}")
+    }
+}
+
+pub fn workspace_dir(work_root: &Path, session_id: &str) -> PathBuf {
+    work_root.join("sessions").join(safe_name(session_id))
+}
+
+/// The `BMX_SCOPE` prefix of every process of a session.
+pub fn session_scope(instance: &str, session_id: &str) -> String {
+    format!("{instance}/{}/", safe_name(session_id))
+}
+
+/// Spec equality for idempotent starts: everything but `waitMs` (which is
+/// about the call, not the process).
+fn same_spec(a: &ProcessStartParams, b: &ProcessStartParams) -> bool {
+    let mut a = a.clone();
+    a.wait_ms = b.wait_ms;
+    a == *b
+}
+
+impl SessionState {
+    fn status(&self, status: SessionStatus, detail: Option<String>) {
+        if let Some(link) = self.shared.link() {
+            let _ = link.notify(
+                Method::SessionStatus,
+                &StatusParams {
+                    session_id: self.id.clone(),
+                    status,
+                    detail,
+                },
+            );
+        }
+    }
+
+    fn send_ready(&self, myself: &ActorRef<SessionMsg>) {
+        let Some(link) = self.shared.link() else {
+            return;
+        };
+        let params = ReadyParams {
+            session_id: self.id.clone(),
+            work_id: self.work_id.clone(),
+            lease_token: self.lease_token.clone(),
+        };
+        let (me, timeout) = (myself.clone(), self.shared.config.request_timeout);
+        tokio::spawn(async move {
+            for attempt in 0..5u32 {
+                match link
+                    .request::<_, serde_json::Value>(Method::SessionReady, &params, timeout)
+                    .await
+                {
+                    Ok(_) => {
+                        let _ = me.send_message(SessionMsg::ReadyAcked);
+                        return;
+                    }
+                    Err(crate::wire::CallError::Closed) => return,
+                    Err(e) => {
+                        tracing::warn!(session = %params.session_id, error = %e, "session.ready not acknowledged");
+                        tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    fn live_processes(&self) -> usize {
+        self.processes
+            .values()
+            .filter(|p| p.state == ProcState::Running)
+            .count()
+    }
+
+    fn process(&self, id: &str) -> Result<&ActorRef<ProcessMsg>, RpcError> {
+        self.processes
+            .get(id)
+            .map(|p| &p.actor)
+            .ok_or_else(|| RpcError::not_found(format!("no process {id:?}")))
+    }
+}
+
+impl Session {
+    async fn start_process(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        spec: ProcessStartParams,
+        reply: Responder,
+    ) {
+        let wait_ms = spec.wait_ms;
+        if let Some(existing) = state.processes.get(&spec.process_id) {
+            if same_spec(&existing.spec, &spec) {
+                let _ = existing
+                    .actor
+                    .send_message(ProcessMsg::Started { reply, wait_ms });
+            } else {
+                reply.err(RpcError::conflict(
+                    "process_id_spec_mismatch",
+                    format!("process {:?} exists with another spec", spec.process_id),
+                ));
+            }
+            return;
+        }
+        let max = state
+            .shared
+            .limits()
+            .max_processes_per_session
+            .unwrap_or(state.shared.config.max_processes_per_session)
+            .min(state.shared.config.max_processes_per_session) as usize;
+        if state.live_processes() >= max {
+            return reply.err(RpcError::resource_unavailable(format!(
+                "maxProcesses ({max}) live processes in this session"
+            )));
+        }
+        if spec.argv.is_empty() {
+            return reply.err(RpcError::invalid_params("argv must not be empty"));
+        }
+        let args = ProcessArgs {
+            shared: state.shared.clone(),
+            session: myself.clone(),
+            session_id: state.id.clone(),
+            workspace: state.workspace.clone(),
+            scope: format!("{}{}", state.scope, safe_name(&spec.process_id)),
+            spec: spec.clone(),
+            read_slots: state.read_slots.clone(),
+        };
+        match Actor::spawn_linked(None, ProcessActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                let _ = actor.send_message(ProcessMsg::Started { reply, wait_ms });
+                state.processes.insert(
+                    spec.process_id.clone(),
+                    ProcEntry {
+                        actor,
+                        spec,
+                        state: ProcState::Running,
+                    },
+                );
+            }
+            Err(e) => reply.err(RpcError::internal(format!("process actor: {e}"))),
+        }
+    }
+
+    async fn tool_call(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        p: ToolCallParams,
+        reply: Responder,
+    ) {
+        if let Some(existing) = state.tools.get(&p.tool_call_id) {
+            // At most once: answer, and re-send the result if there is one.
+            let _ = existing.send_message(ToolMsg::Repeat);
+            return reply.ok(&Accepted::YES);
+        }
+        if p.tool.starts_with("computer_") {
+            return reply.err(RpcError::capability_unavailable("computer"));
+        }
+        if state.shared.tools.get(&p.tool).is_none() {
+            return reply.err(RpcError::invalid_params(format!(
+                "unknown tool {:?}",
+                p.tool
+            )));
+        }
+        let id = p.tool_call_id.clone();
+        let args = ToolArgs {
+            shared: state.shared.clone(),
+            workspace: state.workspace.clone(),
+            params: p,
+        };
+        match Actor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                state.tools.insert(id, actor);
+                reply.ok(&Accepted::YES);
+            }
+            Err(e) => reply.err(RpcError::internal(format!("tool actor: {e}"))),
+        }
+    }
+
+    async fn stop(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        reason: String,
+        deadline: Duration,
+        keep_workspace: bool,
+        reply: Option<Responder>,
+    ) {
+        if state.stopping {
+            if let Some(r) = reply {
+                r.ok(&StopResult { stopped: true });
+            }
+            return;
+        }
+        state.stopping = true;
+        let span = tracing::info_span!("session", session = %state.id);
+        let _g = span.enter();
+        tracing::info!(%reason, "stopping session");
+        state.status(SessionStatus::Stopping, Some(reason.clone()));
+        for t in state.tools.values() {
+            let _ = t.send_message(ToolMsg::Cancel("session_stopped".into()));
+        }
+        // SIGTERM every live group, give them until the deadline.
+        let mut waits = Vec::new();
+        for p in state.processes.values() {
+            if p.state == ProcState::Running {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let _ = p.actor.send_message(ProcessMsg::Terminate {
+                    grace: deadline,
+                    reason: reason.clone(),
+                    reply: None,
+                    done: Some(tx),
+                });
+                waits.push(rx);
+            }
+        }
+        let until = Instant::now() + deadline + Duration::from_millis(500);
+        for w in waits {
+            let _ = tokio::time::timeout_at(until.into(), w).await;
+        }
+        // Whatever escaped its group dies now.
+        let scope = state.scope.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || crate::process::sys::kill_tree(None, None, &scope))
+                .await;
+        for p in state.processes.values() {
+            p.actor.stop(Some("shutdown".into()));
+        }
+        for t in state.tools.values() {
+            t.stop(Some("shutdown".into()));
+        }
+        if !keep_workspace {
+            if let Err(e) = tokio::fs::remove_dir_all(&state.workspace).await {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(error = %e, "cannot remove the workspace");
+                }
+            }
+        }
+        state.status(SessionStatus::Stopped, Some(reason.clone()));
+        if let Some(r) = reply {
+            r.ok(&StopResult { stopped: true });
+        }
+        myself.stop(Some(format!("ended:{reason}")));
+    }
+}
+
+impl Actor for Session {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        args: SessionArgs,
+    ) -> Result<SessionState, ActorProcessingErr> {
+        let p = args.params;
+        let workspace = workspace_dir(&args.shared.config.work_root, &p.session_id);
+        tokio::fs::create_dir_all(&workspace).await?;
+        let workspace = tokio::fs::canonicalize(&workspace).await?;
+        let reads = args.shared.limits().concurrent_process_reads() as usize;
+        let state = SessionState {
+            scope: session_scope(&args.shared.instance, &p.session_id),
+            shared: args.shared,
+            id: p.session_id,
+            work_id: p.work_id,
+            lease_token: p.lease.token,
+            workspace,
+            processes: HashMap::new(),
+            tools: HashMap::new(),
+            read_slots: Arc::new(Semaphore::new(reads)),
+            ready_acked: false,
+            stopping: false,
+        };
+        state.status(SessionStatus::Starting, None);
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        // The workspace is up and bmx runs no MCP servers yet: ready.
+        state.send_ready(&myself);
+        state.status(SessionStatus::Running, None);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if !state.stopping {
+            // Stopped from outside (executor shutdown): no orphans, no leftovers.
+            for p in state.processes.values() {
+                let _ = p.actor.send_message(ProcessMsg::Kill("shutdown".into()));
+            }
+            crate::process::sys::kill_tree(None, None, &state.scope);
+            let _ = tokio::fs::remove_dir_all(&state.workspace).await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        msg: SessionMsg,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Request(req, reply) => {
+                if state.stopping {
+                    return Ok(reply.err(RpcError::session_not_active(&state.id)));
+                }
+                self.request(&myself, state, req, reply).await;
+            }
+            SessionMsg::Renewed { lease_token } => {
+                state.lease_token = lease_token;
+                state.ready_acked = false;
+                state.send_ready(&myself);
+            }
+            SessionMsg::Stop {
+                reason,
+                deadline,
+                keep_workspace,
+                reply,
+            } => {
+                self.stop(&myself, state, reason, deadline, keep_workspace, reply)
+                    .await
+            }
+            SessionMsg::ProcessChanged(ps) => {
+                if let Some(p) = state.processes.get_mut(&ps.process_id) {
+                    p.state = ps.state;
+                }
+            }
+            SessionMsg::Reconnected => {
+                if !state.ready_acked {
+                    state.send_ready(&myself);
+                }
+                for t in state.tools.values() {
+                    let _ = t.send_message(ToolMsg::Reconnected);
+                }
+            }
+            SessionMsg::ReadyAcked => state.ready_acked = true,
+        }
+        Ok(())
+    }
+}
+
+impl Session {
+    async fn request(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        req: SessionRequest,
+        reply: Responder,
+    ) {
+        let forward = |r: Result<&ActorRef<ProcessMsg>, RpcError>, msg: ProcessMsg| match r {
+            Ok(actor) => {
+                if let Err(ractor::MessagingErr::SendErr(m)) = actor.send_message(msg) {
+                    m.fail(RpcError::internal("process actor stopped"));
+                }
+            }
+            Err(e) => msg.fail(e),
+        };
+        match req {
+            SessionRequest::Stop(p) => {
+                let deadline = Duration::from_millis(p.deadline_ms.unwrap_or(5_000).min(600_000));
+                self.stop(
+                    myself,
+                    state,
+                    p.reason,
+                    deadline,
+                    p.keep_workspace,
+                    Some(reply),
+                )
+                .await
+            }
+            SessionRequest::ProcessStart(p) => self.start_process(myself, state, p, reply).await,
+            SessionRequest::ProcessRead(p) => {
+                forward(state.process(&p.process_id), ProcessMsg::Read(p, reply))
+            }
+            SessionRequest::ProcessWrite(p) => {
+                forward(state.process(&p.process_id), ProcessMsg::Write(p, reply))
+            }
+            SessionRequest::ProcessInterrupt(p) => {
+                forward(state.process(&p.process_id), ProcessMsg::Interrupt(reply))
+            }
+            SessionRequest::ProcessTerminate(p) => forward(
+                state.process(&p.process_id),
+                ProcessMsg::Terminate {
+                    grace: Duration::from_millis(p.grace_ms.unwrap_or(5_000).min(600_000)),
+                    reason: "terminated".into(),
+                    reply: Some(reply),
+                    done: None,
+                },
+            ),
+            SessionRequest::ProcessList => {
+                let actors: Vec<ActorRef<ProcessMsg>> =
+                    state.processes.values().map(|p| p.actor.clone()).collect();
+                tokio::spawn(async move {
+                    let mut processes = Vec::with_capacity(actors.len());
+                    for a in actors {
+                        if let Ok(s) = ractor::call!(a, ProcessMsg::GetState) {
+                            processes.push(s);
+                        }
+                    }
+                    processes.sort_by(|a, b| a.process_id.cmp(&b.process_id));
+                    reply.ok(&ProcessListResult { processes });
+                });
+            }
+            SessionRequest::ToolCall(p) => self.tool_call(myself, state, p, reply).await,
+            SessionRequest::ToolCancel(p) => match state.tools.get(&p.tool_call_id) {
+                Some(t) => {
+                    let _ = t.send_message(ToolMsg::Cancel(p.reason));
+                    reply.ok(&ToolCancelResult { canceled: true });
+                }
+                None => reply.err(RpcError::not_found(format!(
+                    "no tool call {:?}",
+                    p.tool_call_id
+                ))),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_names_never_escape() {
+        assert_eq!(safe_name("abc-1_2.x"), "abc-1_2.x");
+        for bad in ["..", ".", "", "a/b", "../../etc", &"x".repeat(65), "naïve"] {
+            let n = safe_name(bad);
+            assert!(n.starts_with("h-") && n.len() == 34, "{bad:?} -> {n}");
+        }
+        assert_ne!(safe_name("a/b"), safe_name("a/c"));
+    }
+}

@@ -1,0 +1,1 @@
+//! Harness-side actors.

@@ -1,0 +1,84 @@
+//! Executor configuration: what `bmx executor` parses and what an embedding
+//! platform fills in.
+
+use crate::supervisor::Backoff;
+use crate::wire::{Endpoint, Subprotocol};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the executor's bearer token comes from.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    /// A fixed token (`--token`, `BMX_TOKEN`).
+    Static(String),
+    /// A file re-read on every (re)connect and after close 4010 (`--token-file`).
+    File(PathBuf),
+}
+
+impl TokenSource {
+    /// The current token.
+    pub fn read(&self) -> std::io::Result<String> {
+        match self {
+            TokenSource::Static(t) => Ok(t.clone()),
+            TokenSource::File(p) => Ok(std::fs::read_to_string(p)?.trim().to_owned()),
+        }
+    }
+}
+
+/// Everything the executor daemon needs.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    pub endpoint: Endpoint,
+    pub token: TokenSource,
+    /// `executor.name` in the register params.
+    pub name: String,
+    pub environment_id: Option<String>,
+    /// Session workspaces live under `<work_root>/sessions/`.
+    pub work_root: PathBuf,
+    pub max_sessions: u32,
+    /// `None`: reconnect forever.
+    pub reconnect_max_attempts: Option<u32>,
+    pub reconnect_backoff: Backoff,
+    pub max_processes_per_session: u32,
+    pub process_buffer_bytes: usize,
+    /// Subprotocols offered, best first.
+    pub subprotocols: Vec<Subprotocol>,
+    /// Timeout of this side's requests (register, heartbeat, results).
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Environment variable names no tool or process ever sees.
+    pub deny_env: Vec<String>,
+    /// Inline limit of tool output.
+    pub tool_inline_limit: usize,
+}
+
+impl ExecutorConfig {
+    pub fn new(endpoint: Endpoint, token: TokenSource) -> Self {
+        ExecutorConfig {
+            endpoint,
+            token,
+            name: hostname(),
+            environment_id: None,
+            work_root: std::env::temp_dir().join("bmx-work"),
+            max_sessions: 1024,
+            reconnect_max_attempts: None,
+            reconnect_backoff: Backoff::default(),
+            max_processes_per_session: 64,
+            process_buffer_bytes: 1 << 20,
+            subprotocols: Subprotocol::ALL.to_vec(),
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            deny_env: vec!["BMX_TOKEN".into(), "BMX_TOKEN_FILE".into()],
+            tool_inline_limit: 64 * 1024,
+        }
+    }
+}
+
+/// This machine's host name, for `executor.name`.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "bmx-executor".into())
+}

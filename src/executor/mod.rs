@@ -1,0 +1,167 @@
+//! The executor daemon as a library: start it, wait for it, stop it.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+//! use bmx::wire::Endpoint;
+//! let endpoint = Endpoint::parse("ws://127.0.0.1:7070/v1/executor/connect")?;
+//! let config = ExecutorConfig::new(endpoint, TokenSource::Static("secret".into()));
+//! let executor = Executor::start(config).await?;
+//! let exit = executor.run_until_signal().await;
+//! std::process::exit(exit.exit_code().into());
+//! # }
+//! ```
+
+pub mod config;
+pub mod shared;
+
+pub use config::{ExecutorConfig, TokenSource};
+pub use shared::Shared;
+
+use crate::actors::executor::root;
+use crate::supervisor::{Exit, SupervisorExit, SupervisorMsg};
+use ractor::ActorRef;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// How an executor run ended; [`ExecutorExit::exit_code`] is the daemon's
+/// exit status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutorExit {
+    /// Stopped on request (signal, `shutdown`, or a completed drain): 0.
+    Stopped,
+    /// Closed with 4004 by a newer connection of the same executor id: 3.
+    Replaced,
+    /// Credential or registration refused (HTTP 401, close 4001 or 4003): 4.
+    Refused(String),
+    /// The configured reconnect attempts ran out: 5.
+    ReconnectExhausted,
+    /// Anything else (an internal failure): 1.
+    Failed(String),
+}
+
+impl ExecutorExit {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ExecutorExit::Stopped => 0,
+            ExecutorExit::Failed(_) => 1,
+            ExecutorExit::Replaced => 3,
+            ExecutorExit::Refused(_) => 4,
+            ExecutorExit::ReconnectExhausted => 5,
+        }
+    }
+
+    fn from_supervisor(exit: SupervisorExit) -> Self {
+        match exit {
+            SupervisorExit::Stopped => ExecutorExit::Stopped,
+            SupervisorExit::ChildExited {
+                exit: Exit::Shutdown(why),
+                ..
+            } => match why.as_str() {
+                "replaced" => ExecutorExit::Replaced,
+                "unauthorized" | "credential_rejected" | "registration_refused" => {
+                    ExecutorExit::Refused(why)
+                }
+                "drained" | "" => ExecutorExit::Stopped,
+                _ => ExecutorExit::Failed(why),
+            },
+            SupervisorExit::ChildExited { child, exit } => {
+                ExecutorExit::Failed(format!("{child}: {exit:?}"))
+            }
+            SupervisorExit::Exhausted { .. } => ExecutorExit::ReconnectExhausted,
+            SupervisorExit::Meltdown => ExecutorExit::Failed("restart intensity exceeded".into()),
+        }
+    }
+}
+
+/// Why the executor could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot create the work root {path}: {source}")]
+    WorkRoot {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot spawn the actor tree: {0}")]
+    Spawn(String),
+}
+
+/// A running executor.
+pub struct ExecutorHandle {
+    root: ActorRef<SupervisorMsg>,
+    exit: oneshot::Receiver<SupervisorExit>,
+    shared: Arc<Shared>,
+}
+
+/// Entry point of the executor runtime.
+pub struct Executor;
+
+impl Executor {
+    /// Start the actor tree: sessions, terminals, then the connection (which
+    /// dials, registers and keeps reconnecting).
+    pub async fn start(config: ExecutorConfig) -> Result<ExecutorHandle, StartError> {
+        Self::start_with_tools(config, crate::tools::ToolRegistry::builtin()).await
+    }
+
+    /// Start with a tool registry of the platform's own (see
+    /// [`crate::tools::Tool`]).
+    pub async fn start_with_tools(
+        config: ExecutorConfig,
+        tools: crate::tools::ToolRegistry,
+    ) -> Result<ExecutorHandle, StartError> {
+        std::fs::create_dir_all(&config.work_root).map_err(|source| StartError::WorkRoot {
+            path: config.work_root.clone(),
+            source,
+        })?;
+        crate::process::sys::become_subreaper();
+        let shared = Shared::new(config, tools);
+        let (root, exit) = root::start(shared.clone())
+            .await
+            .map_err(|e| StartError::Spawn(e.to_string()))?;
+        Ok(ExecutorHandle { root, exit, shared })
+    }
+}
+
+impl ExecutorHandle {
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Wait until the executor ends by itself.
+    pub async fn wait(self) -> ExecutorExit {
+        match self.exit.await {
+            Ok(exit) => ExecutorExit::from_supervisor(exit),
+            Err(_) => ExecutorExit::Failed("the root supervisor vanished".into()),
+        }
+    }
+
+    /// Stop in order: close the connection (executor.close, then 1000), end
+    /// every session (no orphans), then return.
+    pub async fn shutdown(self) -> ExecutorExit {
+        self.root.stop(None);
+        self.wait().await
+    }
+
+    /// Run until SIGINT or SIGTERM (then shut down) or until the executor
+    /// ends by itself.
+    pub async fn run_until_signal(mut self) -> ExecutorExit {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return self.wait().await;
+        };
+        tokio::select! {
+            exit = &mut self.exit => {
+                return match exit {
+                    Ok(exit) => ExecutorExit::from_supervisor(exit),
+                    Err(_) => ExecutorExit::Failed("the root supervisor vanished".into()),
+                };
+            }
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        self.shutdown().await
+    }
+}

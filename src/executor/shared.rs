@@ -1,0 +1,129 @@
+//! State one executor instance shares between its actors: the current
+//! connection, the routing maps and the registration. It holds addresses and
+//! facts, not business state: each actor owns its own.
+
+use super::ExecutorConfig;
+use crate::actors::executor::session::SessionMsg;
+use crate::actors::executor::sessions::SessionsMsg;
+use crate::wire::types::{
+    Capabilities, FilesCapability, Limits, ProcessCapability, ShellCapability,
+};
+use crate::wire::Link;
+use dashmap::DashMap;
+use ractor::ActorRef;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::watch;
+
+/// What the last successful register established.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub executor_id: String,
+    pub connection_id: String,
+    pub heartbeat_interval_ms: u64,
+    pub lease_ttl_ms: u64,
+    pub limits: Limits,
+    pub max_control_frame_bytes: u64,
+}
+
+pub struct Shared {
+    pub config: ExecutorConfig,
+    /// The tools `tool.call` can run: the built-ins plus any a platform registered.
+    pub tools: Arc<crate::tools::ToolRegistry>,
+    /// Tags this executor's processes (see `process::sys`), so a session's
+    /// whole process tree can be found even after it left its group.
+    pub instance: String,
+    link: watch::Sender<Option<Link>>,
+    registration: Mutex<Option<Registration>>,
+    /// sessionId → session actor, for the router.
+    pub sessions: DashMap<String, ActorRef<SessionMsg>>,
+    sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
+    draining: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(config: ExecutorConfig, tools: crate::tools::ToolRegistry) -> Arc<Self> {
+        Arc::new(Shared {
+            config,
+            tools: Arc::new(tools),
+            instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            link: watch::channel(None).0,
+            registration: Mutex::new(None),
+            sessions: DashMap::new(),
+            sessions_actor: RwLock::new(None),
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// What this executor advertises: only what it runs.
+    pub fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            process: Some(ProcessCapability {
+                enabled: true,
+                max_processes: Some(self.config.max_processes_per_session),
+                buffer_bytes: Some(self.config.process_buffer_bytes as u64),
+                pty: true,
+                ..Default::default()
+            }),
+            files: Some(FilesCapability {
+                enabled: true,
+                ..Default::default()
+            }),
+            shell: Some(ShellCapability { enabled: true }),
+            ..Default::default()
+        }
+    }
+
+    /// The live connection, if any.
+    pub fn link(&self) -> Option<Link> {
+        self.link.borrow().clone().filter(|l| !l.is_closed())
+    }
+
+    /// Watch the connection come and go (for senders that retry across
+    /// reconnects).
+    pub fn watch_link(&self) -> watch::Receiver<Option<Link>> {
+        self.link.subscribe()
+    }
+
+    pub fn set_link(&self, link: Option<Link>) {
+        self.link.send_replace(link);
+    }
+
+    pub fn registration(&self) -> Option<Registration> {
+        self.registration.lock().ok()?.clone()
+    }
+
+    pub fn set_registration(&self, r: Registration) {
+        if let Ok(mut g) = self.registration.lock() {
+            *g = Some(r);
+        }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.registration().map(|r| r.limits).unwrap_or_default()
+    }
+
+    pub fn sessions_actor(&self) -> Option<ActorRef<SessionsMsg>> {
+        self.sessions_actor.read().ok()?.clone()
+    }
+
+    pub fn set_sessions_actor(&self, a: Option<ActorRef<SessionsMsg>>) {
+        if let Ok(mut g) = self.sessions_actor.write() {
+            *g = a;
+        }
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn active_sessions(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.sessions.iter().map(|e| e.key().clone()).collect();
+        v.sort();
+        v
+    }
+}

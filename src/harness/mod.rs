@@ -1,0 +1,1 @@
+//! The harness (control plane) as a library.

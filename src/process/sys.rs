@@ -1,0 +1,328 @@
+//! Operating-system plumbing for processes: the child subreaper, pipes with
+//! a large buffer, process-tree discovery and killing, and reaping orphans.
+//!
+//! Why a subreaper and a tag: a process group misses descendants that call
+//! `setsid` (or that a shell put in their own group), and once their parent
+//! exits they are re-parented away from the tree. bmx marks every process it
+//! starts with `BMX_SCOPE=<instance>/<session>/<process>` in its
+//! environment, which descendants inherit, and becomes the child subreaper,
+//! so orphans are re-parented to the executor (which reaps them) instead of
+//! init. Killing a scope sends SIGKILL to every process whose environment
+//! carries the tag, plus the process group. cgroup v2 would be stronger
+//! (a process can clear its environment), but it is not writable on every
+//! host (this one mounts cgroup v1); see docs/architecture.md.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+/// Environment variable that tags a process tree with its owner.
+pub const SCOPE_ENV: &str = "BMX_SCOPE";
+
+/// Make this process the child subreaper (Linux `PR_SET_CHILD_SUBREAPER`).
+pub fn become_subreaper() {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument
+    // and touches no memory of ours.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc != 0 {
+        tracing::warn!(
+            "PR_SET_CHILD_SUBREAPER failed: {}",
+            std::io::Error::last_os_error()
+        );
+    } else {
+        start_orphan_reaper();
+    }
+}
+
+/// Pids of children this process spawned and waits for itself (tokio or a
+/// thread owns their exit status); the orphan reaper leaves them alone.
+static OWNED: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
+
+/// Run `spawn` and record the pid it returns as owned, under the same lock
+/// the reaper takes, so the reaper never steals its exit status.
+pub fn spawn_owned<T>(spawn: impl FnOnce() -> std::io::Result<(T, u32)>) -> std::io::Result<T> {
+    let mut guard = OWNED.lock().unwrap_or_else(|p| p.into_inner());
+    let (value, pid) = spawn()?;
+    guard.get_or_insert_with(HashSet::new).insert(pid as i32);
+    Ok(value)
+}
+
+/// Forget an owned pid once its owner reaped it.
+pub fn release_owned(pid: u32) {
+    let mut guard = OWNED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(set) = guard.as_mut() {
+        set.remove(&(pid as i32));
+    }
+}
+
+fn start_orphan_reaper() {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        handle.spawn(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut sigchld) = signal(SignalKind::child()) else {
+                return;
+            };
+            loop {
+                reap_orphans();
+                tokio::select! {
+                    _ = sigchld.recv() => {}
+                    // SIGCHLD can coalesce; sweep now and then as well.
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+                }
+            }
+        });
+    });
+}
+
+/// Reap zombie children that nobody owns (re-parented orphans).
+pub fn reap_orphans() {
+    let me = std::process::id() as i32;
+    let guard = OWNED.lock().unwrap_or_else(|p| p.into_inner());
+    for pid in zombie_children(me) {
+        if guard.as_ref().is_some_and(|s| s.contains(&pid)) {
+            continue;
+        }
+        // SAFETY: waitpid on a specific pid with WNOHANG; status is a local.
+        let mut status = 0;
+        unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    }
+}
+
+fn proc_pids() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .collect()
+}
+
+/// (ppid, state) from /proc/<pid>/stat.
+fn stat(pid: i32) -> Option<(i32, char)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: split after the last ')'.
+    let rest = &s[s.rfind(')')? + 2..];
+    let mut it = rest.split(' ');
+    let state = it.next()?.chars().next()?;
+    let ppid = it.next()?.parse().ok()?;
+    Some((ppid, state))
+}
+
+fn zombie_children(parent: i32) -> Vec<i32> {
+    proc_pids()
+        .into_iter()
+        .filter(|&p| matches!(stat(p), Some((pp, 'Z')) if pp == parent))
+        .collect()
+}
+
+/// Pids whose environment carries `BMX_SCOPE` starting with `prefix`.
+pub fn pids_in_scope(prefix: &str) -> Vec<i32> {
+    let needle = format!("{SCOPE_ENV}={prefix}");
+    let me = std::process::id() as i32;
+    proc_pids()
+        .into_iter()
+        .filter(|&p| p != me)
+        .filter(|&p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .map(|env| {
+                    env.split(|&b| b == 0)
+                        .any(|var| var.starts_with(needle.as_bytes()))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Send `signal` to a process group (ignoring a group that is gone).
+pub fn signal_group(pgid: i32, signal: nix::sys::signal::Signal) {
+    if pgid > 1 {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), signal);
+    }
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        if let Ok(list) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// Every descendant of `pid` (children files, breadth first).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for c in children_of(p) {
+            if !out.contains(&c) {
+                out.push(c);
+                queue.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn has_scope(pid: i32, needle: &[u8]) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|env| env.split(|&b| b == 0).any(|var| var.starts_with(needle)))
+        .unwrap_or(false)
+}
+
+/// Processes of `scope` that left their tree: orphans re-parented to this
+/// executor (the subreaper) that carry the tag, and their descendants. Only
+/// this process's own children are read, not every process on the host.
+pub fn orphans_in_scope(scope: &str) -> Vec<i32> {
+    let needle = format!("{SCOPE_ENV}={scope}");
+    let me = std::process::id() as i32;
+    let owned: HashSet<i32> = OWNED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for c in children_of(me) {
+        if owned.contains(&c) || !has_scope(c, needle.as_bytes()) {
+            continue;
+        }
+        out.push(c);
+        out.extend(descendants(c));
+    }
+    out
+}
+
+fn alive(pid: i32) -> bool {
+    !matches!(stat(pid), Some((_, 'Z')) | None)
+}
+
+/// SIGKILL a process tree: the group `pgid`, every descendant of `pid`, and
+/// every orphan of `scope`, repeated until nothing is left (a fork racing
+/// the kill is caught by the next pass).
+pub fn kill_tree(pid: Option<i32>, pgid: Option<i32>, scope: &str) {
+    use nix::sys::signal::{kill, Signal};
+    for _ in 0..8 {
+        let mut targets: Vec<i32> = pid.map(descendants).unwrap_or_default();
+        if let Some(p) = pid.filter(|&p| alive(p)) {
+            targets.push(p);
+        }
+        targets.extend(orphans_in_scope(scope));
+        targets.retain(|&p| alive(p));
+        if let Some(g) = pgid {
+            signal_group(g, Signal::SIGKILL);
+        }
+        if targets.is_empty() {
+            break;
+        }
+        for p in targets {
+            let _ = kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    reap_orphans();
+}
+
+/// Kill every process tagged with `scope` anywhere on the host (a full
+/// /proc scan: for tests and last-resort cleanup, not the hot path).
+pub fn kill_scope(pgid: Option<i32>, scope: &str) {
+    use nix::sys::signal::{kill, Signal};
+    kill_tree(None, pgid, scope);
+    for _ in 0..5 {
+        let alive: Vec<i32> = pids_in_scope(scope)
+            .into_iter()
+            .filter(|&p| alive(p))
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        for p in alive {
+            let _ = kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
+        }
+    }
+    reap_orphans();
+}
+
+/// A pipe whose read end is non-blocking and whose buffer is `size` bytes
+/// (`F_SETPIPE_SZ`): with the default 64 KiB the producer and the reader
+/// take turns; 1 MiB lets both run.
+pub fn pipe(size: usize) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let _ = fcntl(&r, FcntlArg::F_SETPIPE_SZ(size as i32));
+    let flags = OFlag::from_bits_truncate(fcntl(&r, FcntlArg::F_GETFL)?);
+    fcntl(&r, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok((r, w))
+}
+
+/// Set O_NONBLOCK on a descriptor (the parent's end of stdin, a PTY master).
+pub fn set_nonblocking(fd: &impl std::os::fd::AsFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parses_names_with_parens() {
+        let me = std::process::id() as i32;
+        let (ppid, state) = stat(me).unwrap();
+        assert!(ppid > 0);
+        assert!(state.is_ascii_alphabetic());
+    }
+
+    #[test]
+    fn pipe_is_large_and_nonblocking() {
+        use nix::fcntl::{fcntl, FcntlArg};
+        let (r, _w) = pipe(1 << 20).unwrap();
+        let size = fcntl(&r, FcntlArg::F_GETPIPE_SZ).unwrap();
+        assert!(size >= 1 << 20, "{size}");
+        let mut buf = [0u8; 8];
+        let e = nix::unistd::read(&r, &mut buf).unwrap_err();
+        assert_eq!(e, nix::errno::Errno::EAGAIN);
+    }
+
+    #[test]
+    fn scope_kill_finds_a_setsid_descendant() {
+        let scope = format!("test-{}/s/p", std::process::id());
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("setsid sleep 300 & echo $!; wait")
+            .env(SCOPE_ENV, &scope)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let orphan: i32 = line.trim().parse().unwrap();
+        assert!(pids_in_scope(&scope).contains(&orphan));
+        kill_scope(None, &scope);
+        let _ = child.wait();
+        // The orphan is gone (or a zombie about to be reaped by its parent).
+        assert!(!matches!(stat(orphan), Some((_, s)) if s != 'Z'));
+    }
+}
+
+/// Watch an owned descriptor for readiness in the tokio reactor.
+pub fn async_fd(
+    fd: std::os::fd::OwnedFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: the OwnedFd is moved into the AsyncFd, so the descriptor stays
+    // open and refers to the same file description for the AsyncFd's life.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
