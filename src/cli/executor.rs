@@ -68,6 +68,8 @@ impl ExecutorArgs {
         config.max_processes_per_session = self.max_processes_per_session;
         config.process_buffer_bytes = self.process_buffer_bytes.max(1);
         config.deny_env.extend(self.deny_env);
+        // The daemon owns all its children: orphans come back to it.
+        config.subreaper = true;
         Ok(config)
     }
 }

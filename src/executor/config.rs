@@ -50,6 +50,10 @@ pub struct ExecutorConfig {
     pub deny_env: Vec<String>,
     /// Inline limit of tool output.
     pub tool_inline_limit: usize,
+    /// Become the child subreaper and reap orphans (see
+    /// `process::sys::become_subreaper`). The daemon turns this on; a host
+    /// program that spawns children of its own must leave it off.
+    pub subreaper: bool,
 }
 
 impl ExecutorConfig {
@@ -70,6 +74,7 @@ impl ExecutorConfig {
             connect_timeout: Duration::from_secs(10),
             deny_env: vec!["BMX_TOKEN".into(), "BMX_TOKEN_FILE".into()],
             tool_inline_limit: 64 * 1024,
+            subreaper: false,
         }
     }
 }

@@ -113,7 +113,9 @@ impl Executor {
             path: config.work_root.clone(),
             source,
         })?;
-        crate::process::sys::become_subreaper();
+        if config.subreaper {
+            crate::process::sys::become_subreaper();
+        }
         let shared = Shared::new(config, tools);
         let (root, exit) = root::start(shared.clone())
             .await

@@ -18,7 +18,20 @@ use std::sync::Mutex;
 /// Environment variable that tags a process tree with its owner.
 pub const SCOPE_ENV: &str = "BMX_SCOPE";
 
-/// Make this process the child subreaper (Linux `PR_SET_CHILD_SUBREAPER`).
+/// Whether this process is the child subreaper (orphans come to us).
+static SUBREAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn is_subreaper() -> bool {
+    SUBREAPER.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Make this process the child subreaper (Linux `PR_SET_CHILD_SUBREAPER`)
+/// and reap the orphans that come to it.
+///
+/// Only for a process that owns all of its children (the `bmx` daemon): the
+/// reaper reaps any zombie child it did not spawn itself, which in a host
+/// program would steal the exit status of the host's own children. Without
+/// it, orphans go to init and are found by a full /proc scan instead.
 pub fn become_subreaper() {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument
     // and touches no memory of ours.
@@ -29,6 +42,7 @@ pub fn become_subreaper() {
             std::io::Error::last_os_error()
         );
     } else {
+        SUBREAPER.store(true, std::sync::atomic::Ordering::SeqCst);
         start_orphan_reaper();
     }
 }
@@ -215,7 +229,11 @@ pub fn kill_tree(pid: Option<i32>, pgid: Option<i32>, scope: &str) {
         if let Some(p) = pid.filter(|&p| alive(p)) {
             targets.push(p);
         }
-        targets.extend(orphans_in_scope(scope));
+        if is_subreaper() {
+            targets.extend(orphans_in_scope(scope));
+        } else {
+            targets.extend(pids_in_scope(scope));
+        }
         targets.retain(|&p| alive(p));
         if let Some(g) = pgid {
             signal_group(g, Signal::SIGKILL);
@@ -228,7 +246,9 @@ pub fn kill_tree(pid: Option<i32>, pgid: Option<i32>, scope: &str) {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    reap_orphans();
+    if is_subreaper() {
+        reap_orphans();
+    }
 }
 
 /// Kill every process tagged with `scope` anywhere on the host (a full
@@ -248,7 +268,9 @@ pub fn kill_scope(pgid: Option<i32>, scope: &str) {
             let _ = kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
         }
     }
-    reap_orphans();
+    if is_subreaper() {
+        reap_orphans();
+    }
 }
 
 /// A pipe whose read end is non-blocking and whose buffer is `size` bytes

@@ -336,7 +336,10 @@ async fn write_loop(
     closed: CancellationToken,
 ) {
     loop {
+        // Queued frames first: a close queued just before the reader ended
+        // must still go out.
         let msg = tokio::select! {
+            biased;
             m = rx.recv() => m,
             _ = closed.cancelled() => None,
         };
@@ -491,7 +494,10 @@ impl Reader {
                 error,
             } => self.resolve(&id, Err(error)),
             FrameKind::Error { id: None, error } => {
+                // An answer to a frame the peer could not parse: nothing to
+                // resolve, but the owner may want to see it.
                 tracing::warn!(code = error.code, message = %error.message, "peer reported an error without id");
+                dispatch.dispatch(frame, None);
             }
             FrameKind::Request { id, method } => {
                 let Some(m) = Method::from_name(&method) else {

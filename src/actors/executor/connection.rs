@@ -87,7 +87,11 @@ impl Connection {
         })?;
         let subprotocol = transport.subprotocol;
         let (link, reader): (Link, Reader) = Link::start(transport, "e", limits);
-        let router = Arc::new(ExecutorRouter::new(shared.clone(), myself.clone()));
+        let router = Arc::new(ExecutorRouter::new(
+            shared.clone(),
+            myself.clone(),
+            subprotocol.version,
+        ));
         let (closed_tx, mut closed_rx) = oneshot::channel();
         tokio::spawn(async move {
             let closed = reader.run(router).await;

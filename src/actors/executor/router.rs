@@ -7,7 +7,7 @@ use super::session::{SessionMsg, SessionRequest};
 use super::sessions::SessionsMsg;
 use crate::executor::Shared;
 use crate::wire::types::SessionRefParams;
-use crate::wire::{Dispatch, Inbound, Method, Owner, Responder, RpcError};
+use crate::wire::{Dispatch, Inbound, Method, Owner, Responder, RpcError, Version};
 use ractor::ActorRef;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;
@@ -15,11 +15,17 @@ use std::sync::Arc;
 pub struct ExecutorRouter {
     shared: Arc<Shared>,
     connection: ActorRef<ConnMsg>,
+    /// The negotiated protocol version of this connection.
+    version: Version,
 }
 
 impl ExecutorRouter {
-    pub fn new(shared: Arc<Shared>, connection: ActorRef<ConnMsg>) -> Self {
-        ExecutorRouter { shared, connection }
+    pub fn new(shared: Arc<Shared>, connection: ActorRef<ConnMsg>, version: Version) -> Self {
+        ExecutorRouter {
+            shared,
+            connection,
+            version,
+        }
     }
 }
 
@@ -66,12 +72,7 @@ impl Dispatch for ExecutorRouter {
         };
         let span = tracing::debug_span!("frame", %method, id = ?frame.id());
         let _g = span.enter();
-        let version_ok = self
-            .shared
-            .link()
-            .map(|l| method.since() <= l.version())
-            .unwrap_or(true);
-        if !method.executor_receives() || !version_ok {
+        if !method.executor_receives() || method.since() > self.version {
             return answer(reply, RpcError::method_not_found(method.as_str()));
         }
         if let Some(cap) = missing_capability(method) {
