@@ -1,1 +1,347 @@
-//! The harness (control plane) as a library.
+//! The harness as a library: the control plane a hosting platform embeds
+//! (or `bmx harness` runs). It accepts executors on
+//! `GET /v1/executor/connect`, keeps at most one live connection per
+//! executor id (4004), watches heartbeats (4008), grants session leases
+//! with fencing tokens, and serves the HTTP API of `docs/api.md` on the same
+//! listener.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use bmx::harness::{CreateSession, Harness, HarnessEvent};
+//!
+//! let harness = Harness::builder()
+//!     .listen("127.0.0.1:0".parse()?)
+//!     .token("exec-1", "secret-1")
+//!     // Or map tokens to executor ids with a callback of your own:
+//!     .authenticate(|token| (token == "other").then(|| "exec-2".to_string()))
+//!     .on_event(|e: &HarnessEvent| println!("event: {e:?}"))
+//!     .build()
+//!     .await?;
+//! println!("executors connect to {}", harness.executor_url());
+//!
+//! // No executor is connected yet: creating a session is refused with 503.
+//! let err = harness.sessions().create(CreateSession::default()).await.unwrap_err();
+//! assert_eq!(err.status, 503);
+//!
+//! // With an executor connected:
+//! //   let s = harness.sessions().create(CreateSession::default()).await?;
+//! //   s.start_process(process_params("p1", vec!["echo".into(), "hi".into()])).await?;
+//! //   s.call_tool(ToolCall::new("bash", json!({"command": "echo hi"}))).await?;
+//! //   s.stop().await?;
+//! harness.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod client;
+pub mod config;
+pub mod error;
+mod http;
+pub mod openapi;
+pub mod sessions;
+pub mod types;
+
+pub use config::{Authenticator, HarnessConfig};
+pub use error::ApiError;
+pub use sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
+pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
+
+use crate::actors::harness::leases::{Leases, LeasesArgs, LeasesMsg};
+use crate::actors::harness::{listener, Shared};
+use crate::lease::{LeaseStore, LeaseTable, MemoryLeaseStore};
+use crate::wire::transport::CONNECT_PATH;
+use crate::wire::CloseCode;
+use ractor::{Actor, ActorRef};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+/// Entry point of the embedded harness.
+pub struct Harness;
+
+impl Harness {
+    pub fn builder() -> HarnessBuilder {
+        HarnessBuilder::default()
+    }
+}
+
+/// Why the harness could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("refusing an unauthenticated API on the non-loopback address {0}: set an API token (--api-token) or allow it explicitly")]
+    OpenApi(SocketAddr),
+    #[error("no executor credential: add a token or an authenticate callback")]
+    NoCredentials,
+    #[error("cannot start the actors: {0}")]
+    Spawn(String),
+}
+
+/// Configures a harness; [`build`](HarnessBuilder::build) starts it.
+#[derive(Default)]
+pub struct HarnessBuilder {
+    config: HarnessConfig,
+    tokens: HashMap<String, String>,
+    authenticate: Option<Authenticator>,
+    on_event: Option<Arc<dyn Fn(&HarnessEvent) + Send + Sync>>,
+    store: Option<Arc<dyn LeaseStore>>,
+}
+
+impl HarnessBuilder {
+    /// Replace the whole configuration (tokens and callbacks stay).
+    pub fn config(mut self, config: HarnessConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.config.listen = addr;
+        self
+    }
+
+    /// Also accept executors on a Unix socket.
+    pub fn listen_unix(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.listen_unix = Some(path.into());
+        self
+    }
+
+    /// Accept bearer token `secret` as executor `executor_id`.
+    pub fn token(mut self, executor_id: impl Into<String>, secret: impl Into<String>) -> Self {
+        self.tokens.insert(secret.into(), executor_id.into());
+        self
+    }
+
+    /// Map bearer tokens to executor ids with a callback (asked first; the
+    /// static tokens are the fallback). Must not block.
+    pub fn authenticate<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&str) -> Option<String> + Send + Sync + 'static,
+    {
+        self.authenticate = Some(Arc::new(f));
+        self
+    }
+
+    pub fn heartbeat_ms(mut self, ms: u64) -> Self {
+        self.config.heartbeat_interval_ms = ms.max(1);
+        self
+    }
+
+    pub fn lease_ttl_ms(mut self, ms: u64) -> Self {
+        self.config.lease_ttl_ms = ms.max(1);
+        self
+    }
+
+    pub fn api_token(mut self, token: Option<String>) -> Self {
+        self.config.api_token = token.filter(|t| !t.is_empty());
+        self
+    }
+
+    /// Serve the API without a token on a non-loopback address.
+    pub fn allow_open_api(mut self, allow: bool) -> Self {
+        self.config.allow_open_api = allow;
+        self
+    }
+
+    /// A callback for every [`HarnessEvent`]; it runs on the harness's
+    /// actors, so it must return quickly.
+    pub fn on_event<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&HarnessEvent) + Send + Sync + 'static,
+    {
+        self.on_event = Some(Arc::new(f));
+        self
+    }
+
+    /// Where fencing counters live (default: in memory). Share a durable
+    /// store so tokens keep increasing across harness restarts.
+    pub fn lease_store(mut self, store: Arc<dyn LeaseStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Bind, start the actors and serve.
+    pub async fn build(self) -> Result<HarnessHandle, HarnessError> {
+        let config = self.config;
+        if config.api_token.is_none() && !config.allow_open_api && !config.listen.ip().is_loopback()
+        {
+            return Err(HarnessError::OpenApi(config.listen));
+        }
+        if self.tokens.is_empty() && self.authenticate.is_none() {
+            return Err(HarnessError::NoCredentials);
+        }
+        let tokens = self.tokens;
+        let callback = self.authenticate;
+        let authenticate: Authenticator = Arc::new(move |token: &str| {
+            if let Some(cb) = &callback {
+                if let Some(id) = cb(token) {
+                    return Some(id);
+                }
+            }
+            tokens.get(token).cloned()
+        });
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| HarnessError::Listen {
+                addr: config.listen.to_string(),
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| HarnessError::Listen {
+                addr: config.listen.to_string(),
+                source,
+            })?;
+        let store = self
+            .store
+            .unwrap_or_else(|| Arc::new(MemoryLeaseStore::new()));
+        let table = LeaseTable::new(config.lease_ttl_ms, store);
+        let unix_path = config.listen_unix.clone();
+        let shared = Shared::new(config, authenticate, self.on_event);
+        let (leases, _) = Actor::spawn(
+            None,
+            Leases,
+            LeasesArgs {
+                shared: shared.clone(),
+                table,
+            },
+        )
+        .await
+        .map_err(|e| HarnessError::Spawn(e.to_string()))?;
+        shared.set_leases(leases.clone());
+        let unix = match &unix_path {
+            Some(p) => Some(listener::serve_unix(shared.clone(), p).map_err(|source| {
+                leases.stop(None);
+                HarnessError::Listen {
+                    addr: p.display().to_string(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let router = http::router(shared.clone());
+        let stop = shared.shutdown.clone();
+        let server = tokio::spawn(async move {
+            let serve = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "the HTTP server failed");
+            }
+        });
+        tracing::info!(%addr, "harness listening");
+        Ok(HarnessHandle {
+            shared,
+            addr,
+            leases,
+            server: Some(server),
+            unix,
+        })
+    }
+}
+
+/// A running harness. Dropping it stops accepting; call
+/// [`shutdown`](HarnessHandle::shutdown) for an orderly stop.
+pub struct HarnessHandle {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    leases: ActorRef<LeasesMsg>,
+    server: Option<JoinHandle<()>>,
+    unix: Option<JoinHandle<()>>,
+}
+
+impl HarnessHandle {
+    /// The bound TCP address (API and executors).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`: prefix of the API (`/v1/...`).
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `ws://ADDR/v1/executor/connect`: where executors dial.
+    pub fn executor_url(&self) -> String {
+        format!("ws://{}{CONNECT_PATH}", self.addr)
+    }
+
+    pub fn config(&self) -> &HarnessConfig {
+        &self.shared.config
+    }
+
+    pub fn sessions(&self) -> Sessions {
+        Sessions {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Live registered executors.
+    pub fn executors(&self) -> Vec<ExecutorView> {
+        http::executor_views(&self.shared)
+    }
+
+    /// A stream of every [`HarnessEvent`] from now on (a slow receiver
+    /// loses the oldest events and is told so by `RecvError::Lagged`).
+    pub fn events(&self) -> broadcast::Receiver<HarnessEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// Wait until `executor_id` (or any executor, for `None`) is registered.
+    pub async fn wait_for_executor(&self, executor_id: Option<&str>, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let found = match executor_id {
+                Some(id) => self.shared.executors.contains_key(id),
+                None => !self.shared.executors.is_empty(),
+            };
+            if found {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stop: close every executor connection with 1001, stop the actors and
+    /// the listeners.
+    pub async fn shutdown(mut self) {
+        self.stop_now();
+        if let Some(server) = self.server.take() {
+            if tokio::time::timeout(Duration::from_secs(2), server)
+                .await
+                .is_err()
+            {
+                tracing::debug!("HTTP server still draining; detached");
+            }
+        }
+        if let Some(unix) = self.unix.take() {
+            let _ = unix.await;
+        }
+    }
+
+    fn stop_now(&self) {
+        self.shared.shutdown.cancel();
+        for e in self.shared.conns.iter() {
+            e.link.close(CloseCode::GoingAway, "harness shutting down");
+        }
+        self.leases.stop(None);
+    }
+}
+
+impl Drop for HarnessHandle {
+    fn drop(&mut self) {
+        if !self.shared.shutdown.is_cancelled() {
+            self.stop_now();
+        }
+    }
+}

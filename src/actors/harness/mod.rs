@@ -1,1 +1,133 @@
-//! Harness-side actors.
+//! The harness's actors (docs/architecture: "harness root").
+//!
+//! ```text
+//! harness
+//! ├── listener         the HTTP router's upgrade route and the Unix socket
+//! │                    accept loop: authenticate, negotiate, start a connection
+//! ├── connection <n>   one actor per executor connection: register,
+//! │                    heartbeat, token refresh; forwards session frames
+//! └── leases           the LeaseTable (one source of truth for who holds
+//!                      what), the executors registry (4004 rule), the
+//!                      platform's view of sessions, tool-call waiters, the
+//!                      4008 / lease-expiry timer
+//! ```
+//!
+//! Shared maps ([`Shared::conns`], [`Shared::executors`], [`Shared::sessions`])
+//! are per harness instance (never ractor's global registry) and are only
+//! *written* by the actor that owns the entry: a connection actor its own
+//! [`ConnEntry`], the leases actor the registry and the sessions. Everyone
+//! else reads them for routing and listings.
+
+pub mod connection;
+pub mod leases;
+pub mod listener;
+
+use crate::harness::config::{Authenticator, HarnessConfig};
+use crate::harness::types::{HarnessEvent, SessionInfo};
+use crate::lease::ConnId;
+use crate::wire::types::{Capabilities, ExecutorInfo};
+use crate::wire::Link;
+use dashmap::DashMap;
+use leases::LeasesMsg;
+use ractor::ActorRef;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// A connection as the registry sees it; written by its connection actor.
+#[derive(Clone)]
+pub struct ConnEntry {
+    pub conn: ConnId,
+    pub connection_id: String,
+    /// The principal the token mapped to.
+    pub executor_id: String,
+    pub link: Link,
+    pub registered: bool,
+    pub info: Option<ExecutorInfo>,
+    pub capabilities: Capabilities,
+    pub connected_at: String,
+    pub last_heartbeat_at: Option<String>,
+}
+
+/// Per-instance state shared by the harness's actors and API handlers.
+pub struct Shared {
+    pub config: HarnessConfig,
+    pub authenticate: Authenticator,
+    /// Every upgraded connection, registered or not.
+    pub conns: DashMap<ConnId, ConnEntry>,
+    /// Executor id → its one live registered connection (the 4004 rule);
+    /// written only by the leases actor.
+    pub executors: DashMap<String, ConnId>,
+    /// The platform's view of sessions; written only by the leases actor.
+    pub sessions: DashMap<String, SessionInfo>,
+    pub events: broadcast::Sender<HarnessEvent>,
+    pub on_event: Option<Arc<dyn Fn(&HarnessEvent) + Send + Sync>>,
+    leases: OnceLock<ActorRef<LeasesMsg>>,
+    next_conn: AtomicU64,
+    /// Distinguishes connection ids of this harness run from earlier ones.
+    instance: String,
+    origin: Instant,
+    pub shutdown: CancellationToken,
+}
+
+impl Shared {
+    pub fn new(
+        config: HarnessConfig,
+        authenticate: Authenticator,
+        on_event: Option<Arc<dyn Fn(&HarnessEvent) + Send + Sync>>,
+    ) -> Arc<Shared> {
+        let (events, _) = broadcast::channel(4096);
+        let instance = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+        Arc::new(Shared {
+            config,
+            authenticate,
+            conns: DashMap::new(),
+            executors: DashMap::new(),
+            sessions: DashMap::new(),
+            events,
+            on_event,
+            leases: OnceLock::new(),
+            next_conn: AtomicU64::new(1),
+            instance,
+            origin: Instant::now(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    /// Milliseconds on the harness's monotonic clock (the `now` of the lease table).
+    pub fn now_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    pub fn next_conn(&self) -> (ConnId, String) {
+        let n = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        (ConnId(n), format!("c-{}-{n}", self.instance))
+    }
+
+    pub(crate) fn set_leases(&self, leases: ActorRef<LeasesMsg>) {
+        let _ = self.leases.set(leases);
+    }
+
+    pub fn leases(&self) -> Option<&ActorRef<LeasesMsg>> {
+        self.leases.get()
+    }
+
+    /// Publish an event to subscribers and the callback.
+    pub fn emit(&self, event: HarnessEvent) {
+        if let Some(cb) = &self.on_event {
+            cb(&event);
+        }
+        let _ = self.events.send(event);
+    }
+
+    /// The link of a live connection.
+    pub fn link_of(&self, conn: ConnId) -> Option<Link> {
+        self.conns.get(&conn).map(|e| e.link.clone())
+    }
+
+    pub fn authenticate(&self, token: Option<&str>) -> Option<String> {
+        token.and_then(|t| (self.authenticate)(t))
+    }
+}

@@ -1,0 +1,430 @@
+//! One actor per executor connection (harness side).
+//!
+//! The reader of the connection's [`Link`] hands every request and
+//! notification to [`ConnRouter`], which casts it here. Before
+//! `executor.register` every request is refused with -32600
+//! (`not_registered`); `executor.register` goes through the leases actor
+//! (the 4004 rule) and is answered with the configured heartbeat and TTL;
+//! session-scoped frames are forwarded to the leases actor, which fences
+//! them. A connection that never registers is closed with 4008 after the
+//! lease TTL; a registered one is watched by the leases actor's timer.
+
+use super::leases::LeasesMsg;
+use super::{ConnEntry, Shared};
+use crate::harness::types::HarnessEvent;
+use crate::lease::ConnId;
+use crate::wire::types::{
+    now_rfc3339, CapabilitiesUpdateParams, CloseParams, HeartbeatParams, HeartbeatResult, Limits,
+    RegisterParams, RegisterResult, StopParams, TokenRefreshParams, TokenRefreshResult,
+};
+use crate::wire::{
+    CloseCode, Closed, Dispatch, Inbound, Link, LinkLimits, Method, Owner, Responder, RpcError,
+    Transport,
+};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+pub enum ConnMsg {
+    Frame(Inbound, Option<Responder>),
+    Lost(Closed),
+    RegisterTimeout,
+}
+
+/// Casts every frame of one connection to its actor; holds no state.
+pub struct ConnRouter {
+    actor: ActorRef<ConnMsg>,
+}
+
+impl Dispatch for ConnRouter {
+    fn dispatch(&self, frame: Inbound, reply: Option<Responder>) {
+        if let Err(ractor::MessagingErr::SendErr(ConnMsg::Frame(_, Some(r)))) =
+            self.actor.send_message(ConnMsg::Frame(frame, reply))
+        {
+            r.err(RpcError::internal("the connection is closing"));
+        }
+    }
+}
+
+pub struct Connection;
+
+pub struct ConnArgs {
+    pub shared: Arc<Shared>,
+    pub link: Link,
+    pub conn: ConnId,
+    pub connection_id: String,
+    pub executor_id: String,
+}
+
+pub struct ConnState {
+    shared: Arc<Shared>,
+    link: Link,
+    conn: ConnId,
+    connection_id: String,
+    executor_id: String,
+    registered: bool,
+    span: tracing::Span,
+}
+
+/// Start the actor and the reader of an accepted, authenticated transport.
+pub async fn start(shared: Arc<Shared>, transport: Transport, executor_id: String) {
+    let limits = LinkLimits {
+        max_control_frame_bytes: shared.config.max_control_frame_bytes,
+        max_mcp_frame_bytes: shared.config.max_mcp_frame_bytes,
+        max_in_flight: shared.config.max_in_flight,
+    };
+    let (link, reader) = Link::start(transport, "h", limits);
+    let (conn, connection_id) = shared.next_conn();
+    shared.conns.insert(
+        conn,
+        ConnEntry {
+            conn,
+            connection_id: connection_id.clone(),
+            executor_id: executor_id.clone(),
+            link: link.clone(),
+            registered: false,
+            info: None,
+            capabilities: Default::default(),
+            connected_at: now_rfc3339(),
+            last_heartbeat_at: None,
+        },
+    );
+    let args = ConnArgs {
+        shared: shared.clone(),
+        link: link.clone(),
+        conn,
+        connection_id,
+        executor_id,
+    };
+    let actor = match Actor::spawn(None, Connection, args).await {
+        Ok((actor, _)) => actor,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a connection actor");
+            shared.conns.remove(&conn);
+            link.close(CloseCode::Other(1011), "internal error");
+            return;
+        }
+    };
+    let router = Arc::new(ConnRouter {
+        actor: actor.clone(),
+    });
+    tokio::spawn(async move {
+        let closed = reader.run(router).await;
+        let _ = actor.send_message(ConnMsg::Lost(closed));
+    });
+}
+
+impl Actor for Connection {
+    type Msg = ConnMsg;
+    type State = ConnState;
+    type Arguments = ConnArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ConnMsg>,
+        a: ConnArgs,
+    ) -> Result<ConnState, ActorProcessingErr> {
+        let span = tracing::info_span!("executor_conn", executor_id = %a.executor_id, connection_id = %a.connection_id);
+        span.in_scope(|| tracing::info!("executor connected"));
+        myself.send_after(Duration::from_millis(a.shared.config.lease_ttl_ms), || {
+            ConnMsg::RegisterTimeout
+        });
+        Ok(ConnState {
+            shared: a.shared,
+            link: a.link,
+            conn: a.conn,
+            connection_id: a.connection_id,
+            executor_id: a.executor_id,
+            registered: false,
+            span,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ConnMsg>,
+        msg: ConnMsg,
+        state: &mut ConnState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        let _g = span.enter();
+        match msg {
+            ConnMsg::Frame(frame, reply) => state.frame(frame, reply).await,
+            ConnMsg::RegisterTimeout => {
+                if !state.registered {
+                    tracing::info!("no executor.register within the lease TTL: closing with 4008");
+                    state.link.close(CloseCode::LeaseExpired, "not registered");
+                }
+            }
+            ConnMsg::Lost(closed) => {
+                tracing::info!(code = ?closed.code.map(|c| c.code()), reason = %closed.reason, by_peer = closed.by_peer, "executor connection closed");
+                if let Some(leases) = state.shared.leases() {
+                    let _ = leases.send_message(LeasesMsg::Disconnected(state.conn));
+                }
+                state.shared.conns.remove(&state.conn);
+                if state.registered {
+                    state.shared.emit(HarnessEvent::ExecutorDisconnected {
+                        executor_id: state.executor_id.clone(),
+                        connection_id: state.connection_id.clone(),
+                        code: closed.code.map(|c| c.code()),
+                        reason: closed.reason,
+                    });
+                }
+                myself.stop(None);
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ConnMsg>,
+        state: &mut ConnState,
+    ) -> Result<(), ActorProcessingErr> {
+        // Stopped from outside (harness shutdown): close the socket.
+        if !state.link.is_closed() {
+            state
+                .link
+                .close(CloseCode::GoingAway, "harness shutting down");
+        }
+        Ok(())
+    }
+}
+
+fn decode<P: serde::de::DeserializeOwned>(
+    frame: &Inbound,
+    reply: &mut Option<Responder>,
+) -> Option<P> {
+    match frame.params::<P>() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            match reply.take() {
+                Some(r) => r.err(e),
+                None => tracing::warn!(error = %e, "notification with bad params ignored"),
+            }
+            None
+        }
+    }
+}
+
+impl ConnState {
+    async fn frame(&mut self, frame: Inbound, mut reply: Option<Responder>) {
+        let Some(method) = frame.method().and_then(Method::from_name) else {
+            return;
+        };
+        let span = tracing::debug_span!("frame", %method, id = ?frame.id());
+        let _g = span.enter();
+        if !method.harness_receives() || method.since() > self.link.version() {
+            if let Some(r) = reply {
+                r.err(RpcError::method_not_found(method.as_str()));
+            }
+            return;
+        }
+        if !self.registered {
+            if method != Method::ExecutorRegister {
+                match reply {
+                    Some(r) => r.err(RpcError::not_registered()),
+                    None => {
+                        tracing::warn!(%method, "notification before executor.register ignored")
+                    }
+                }
+                return;
+            }
+        } else if let Some(leases) = self.shared.leases() {
+            let _ = leases.send_message(LeasesMsg::Seen(self.conn));
+        }
+        match method {
+            Method::ExecutorRegister => {
+                let Some(r) = reply.take() else { return };
+                self.register(&frame, r).await;
+            }
+            Method::ExecutorHeartbeat => {
+                let Some(p) = decode::<HeartbeatParams>(&frame, &mut reply) else {
+                    return;
+                };
+                let _ = p;
+                if let Some(mut e) = self.shared.conns.get_mut(&self.conn) {
+                    e.last_heartbeat_at = Some(now_rfc3339());
+                }
+                if let Some(r) = reply {
+                    r.ok(&HeartbeatResult {
+                        lease_ttl_ms: self.shared.config.lease_ttl_ms,
+                        server_time: now_rfc3339(),
+                        drain: false,
+                    });
+                }
+            }
+            Method::ExecutorTokenRefresh => {
+                let Some(p) = decode::<TokenRefreshParams>(&frame, &mut reply) else {
+                    return;
+                };
+                let ok = self.shared.authenticate(Some(&p.token)).as_deref()
+                    == Some(self.executor_id.as_str());
+                if let Some(r) = reply {
+                    if ok {
+                        r.ok(&TokenRefreshResult { expires_at: None });
+                    } else {
+                        r.err(RpcError::new(
+                            crate::wire::ErrorCode::Unauthorized,
+                            "the token does not map to this executor",
+                        ));
+                    }
+                }
+            }
+            Method::ExecutorCapabilitiesUpdate => {
+                if let Some(p) = decode::<CapabilitiesUpdateParams>(&frame, &mut reply) {
+                    if let Some(mut e) = self.shared.conns.get_mut(&self.conn) {
+                        e.capabilities = p.capabilities;
+                    }
+                }
+            }
+            Method::ExecutorClose => {
+                if let Some(p) = decode::<CloseParams>(&frame, &mut reply) {
+                    tracing::info!(reason = %p.reason, "executor.close");
+                }
+            }
+            Method::TerminalOutput
+            | Method::TerminalExited
+            | Method::McpFrame
+            | Method::McpClose => {
+                // Executor-scoped v1.1 traffic the harness does not act on.
+                if let Some(params) = decode::<serde_json::Value>(&frame, &mut reply) {
+                    self.shared.emit(HarnessEvent::Other {
+                        method: method.as_str().to_owned(),
+                        params,
+                    });
+                }
+                if let Some(r) = reply {
+                    r.ok(&serde_json::json!({"closed": true}));
+                }
+            }
+            Method::McpOpen => {
+                if let Some(r) = reply {
+                    r.err(RpcError::new(
+                        crate::wire::ErrorCode::McpUnavailable,
+                        "this harness serves no MCP servers",
+                    ));
+                }
+            }
+            m if m.owner() == Owner::HarnessSession => match self.shared.leases() {
+                Some(leases) => {
+                    if let Err(ractor::MessagingErr::SendErr(LeasesMsg::Frame {
+                        reply: Some(r),
+                        ..
+                    })) = leases.send_message(LeasesMsg::Frame {
+                        conn: self.conn,
+                        method: m,
+                        frame,
+                        reply,
+                    }) {
+                        r.err(RpcError::internal("the harness is shutting down"));
+                    }
+                }
+                None => {
+                    if let Some(r) = reply {
+                        r.err(RpcError::internal("the harness is shutting down"));
+                    }
+                }
+            },
+            other => {
+                if let Some(r) = reply {
+                    r.err(RpcError::method_not_found(other.as_str()));
+                }
+            }
+        }
+    }
+
+    async fn register(&mut self, frame: &Inbound, reply: Responder) {
+        let params: RegisterParams = match frame.params() {
+            Ok(p) => p,
+            Err(e) => return reply.err(e),
+        };
+        if self.registered {
+            return reply.err(RpcError::invalid_request(
+                "already_registered",
+                "this connection is registered",
+            ));
+        }
+        // A resume for another executor id is not this principal's to claim.
+        let resume = match params.resume {
+            Some(r) if r.executor_id == self.executor_id => {
+                let mut s = r.active_sessions;
+                s.truncate(100_000);
+                s
+            }
+            Some(r) => {
+                tracing::warn!(claimed = %r.executor_id, "resume for another executor id ignored");
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        let Some(leases) = self.shared.leases().cloned() else {
+            return reply.err(RpcError::internal("the harness is shutting down"));
+        };
+        let (tx, rx) = oneshot::channel();
+        if leases
+            .send_message(LeasesMsg::Register {
+                conn: self.conn,
+                executor_id: self.executor_id.clone(),
+                resume,
+                reply: tx,
+            })
+            .is_err()
+        {
+            return reply.err(RpcError::internal("the harness is shutting down"));
+        }
+        let Ok(registered) = rx.await else {
+            return reply.err(RpcError::internal("the harness is shutting down"));
+        };
+        self.registered = true;
+        if let Some(mut e) = self.shared.conns.get_mut(&self.conn) {
+            e.registered = true;
+            e.info = Some(params.executor.clone());
+            e.capabilities = params.capabilities.clone();
+        }
+        let config = &self.shared.config;
+        reply.ok(&RegisterResult {
+            executor_id: self.executor_id.clone(),
+            connection_id: self.connection_id.clone(),
+            protocol: self.link.version().as_str().to_owned(),
+            heartbeat_interval_ms: config.heartbeat_interval_ms,
+            lease_ttl_ms: config.lease_ttl_ms,
+            limits: Limits::default(),
+            max_control_frame_bytes: config.max_control_frame_bytes as u64,
+            max_mcp_frame_bytes: config.max_mcp_frame_bytes as u64,
+            server_time: now_rfc3339(),
+            drain: false,
+        });
+        tracing::info!(
+            name = %params.executor.name,
+            kept = registered.kept.len(),
+            to_stop = registered.to_stop.len(),
+            ended = registered.ended.len(),
+            "executor registered"
+        );
+        self.shared.emit(HarnessEvent::ExecutorConnected {
+            executor_id: self.executor_id.clone(),
+            connection_id: self.connection_id.clone(),
+        });
+        // Sessions the executor still runs but may not keep (§3.5).
+        for session_id in registered.to_stop {
+            let link = self.link.clone();
+            let timeout = config.request_timeout;
+            tokio::spawn(async move {
+                let params = StopParams {
+                    session_id,
+                    reason: "lease_expired".into(),
+                    deadline_ms: None,
+                    keep_workspace: false,
+                };
+                if let Err(e) = link
+                    .request::<_, serde_json::Value>(Method::SessionStop, &params, timeout)
+                    .await
+                {
+                    tracing::debug!(session = %params.session_id, error = %e, "session.stop after resume failed");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Harness configuration: what `bmx harness` parses and what an embedding
+//! platform fills in through [`HarnessBuilder`](super::HarnessBuilder).
+
+use crate::wire::types::RegisterResult;
+use crate::wire::Subprotocol;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Maps a bearer token to an executor id (the principal); `None` refuses it
+/// (HTTP 401 before the upgrade).
+pub type Authenticator = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Everything the harness needs.
+#[derive(Debug, Clone)]
+pub struct HarnessConfig {
+    /// HTTP API and `GET /v1/executor/connect` (one listener). Port 0 picks
+    /// a free port; [`HarnessHandle::local_addr`](super::HarnessHandle::local_addr)
+    /// tells which.
+    pub listen: SocketAddr,
+    /// Also accept executors on this Unix socket (same handshake).
+    pub listen_unix: Option<PathBuf>,
+    /// `heartbeatIntervalMs` announced at register.
+    pub heartbeat_interval_ms: u64,
+    /// `leaseTtlMs`: silence after which a connection is closed with 4008,
+    /// and how long an orphaned lease waits for its executor.
+    pub lease_ttl_ms: u64,
+    /// Bearer token the HTTP API requires (`None`: no API auth).
+    pub api_token: Option<String>,
+    /// Allow an unauthenticated API on a non-loopback address.
+    pub allow_open_api: bool,
+    pub max_control_frame_bytes: usize,
+    pub max_mcp_frame_bytes: usize,
+    /// Requests from one executor handled at once.
+    pub max_in_flight: usize,
+    /// Subprotocols accepted, in no particular order (the executor's order wins).
+    pub subprotocols: Vec<Subprotocol>,
+    /// Timeout of harness → executor requests (assign, stop, process.*).
+    pub request_timeout: Duration,
+    /// `deadlineMs` of `session.stop` sent for `DELETE /v1/sessions/{id}`.
+    pub stop_deadline_ms: u64,
+    /// How long `POST /v1/sessions/{id}/tools` waits for a result when the
+    /// call names no `deadlineMs`.
+    pub tool_timeout: Duration,
+    /// Longest `waitMs` a process read may ask for.
+    pub max_read_wait_ms: u64,
+    /// Ended sessions remembered for `GET /v1/sessions/{id}`.
+    pub ended_sessions_kept: usize,
+}
+
+impl Default for HarnessConfig {
+    fn default() -> Self {
+        HarnessConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            listen_unix: None,
+            heartbeat_interval_ms: RegisterResult::DEFAULT_HEARTBEAT_MS,
+            lease_ttl_ms: RegisterResult::DEFAULT_LEASE_TTL_MS,
+            api_token: None,
+            allow_open_api: false,
+            max_control_frame_bytes: RegisterResult::DEFAULT_CONTROL_FRAME_BYTES as usize,
+            max_mcp_frame_bytes: RegisterResult::DEFAULT_MCP_FRAME_BYTES as usize,
+            max_in_flight: 1024,
+            subprotocols: Subprotocol::ALL.to_vec(),
+            request_timeout: Duration::from_secs(30),
+            stop_deadline_ms: 5_000,
+            tool_timeout: Duration::from_secs(600),
+            max_read_wait_ms: 60_000,
+            ended_sessions_kept: 1024,
+        }
+    }
+}

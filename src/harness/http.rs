@@ -1,0 +1,385 @@
+//! The HTTP API and the executors' upgrade route, on one axum router.
+
+use super::error::ApiError;
+use super::sessions::{CreateSession, ReadRequest, Sessions, ToolCall};
+use super::types::ExecutorView;
+use crate::actors::harness::{connection, Shared};
+use crate::wire::transport::{self, CONNECT_PATH};
+use crate::wire::types::{ProcessStartParams, Stream};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http::{header, HeaderValue, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use std::sync::Arc;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tracing::Instrument;
+
+#[derive(Clone)]
+pub(crate) struct App {
+    pub shared: Arc<Shared>,
+}
+
+impl App {
+    fn sessions(&self) -> Sessions {
+        Sessions {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let app = App { shared };
+    Router::new()
+        .route(CONNECT_PATH, get(connect))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/health", get(health))
+        .route("/v1/executors", get(list_executors))
+        .route("/v1/sessions", get(list_sessions).post(create_session))
+        .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
+        .route(
+            "/v1/sessions/{id}/processes",
+            get(list_processes).post(start_process),
+        )
+        .route("/v1/sessions/{id}/processes/{pid}/output", get(read_output))
+        .route("/v1/sessions/{id}/processes/{pid}/stdin", post(write_stdin))
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/interrupt",
+            post(interrupt),
+        )
+        .route(
+            "/v1/sessions/{id}/processes/{pid}/terminate",
+            post(terminate),
+        )
+        .route("/v1/sessions/{id}/tools", post(call_tool))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), api_auth))
+        .layer(middleware::from_fn(trace_request))
+        .with_state(app)
+}
+
+/// A span per HTTP request, named by `x-request-id` (taken from the
+/// request or minted), which the response echoes.
+async fn trace_request(req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map(str::to_owned)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+    let span = tracing::info_span!("http", request_id = %id, method = %req.method(), path = %req.uri().path());
+    let mut resp = next.run(req).instrument(span).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// `--api-token`: every API route but the executors' (which has its own
+/// credential) needs `Authorization: Bearer <token>`.
+async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response {
+    if let Some(token) = &app.shared.config.api_token {
+        if req.uri().path() != CONNECT_PATH {
+            let ok = transport::bearer(req.headers()).is_some_and(|t| same_secret(t, token));
+            if !ok {
+                return ApiError::unauthorized().into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"ok": true}))
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(super::openapi::document())
+}
+
+/// `GET /v1/executor/connect`: bearer → 401 without upgrade, subprotocol →
+/// 400, then 101 and the connection actor.
+async fn connect(State(app): State<App>, req: Request) -> Response {
+    let shared = app.shared.clone();
+    let headers = req.headers();
+    let Some(executor_id) = shared.authenticate(transport::bearer(headers)) else {
+        tracing::info!("executor upgrade refused: bad credential");
+        return ApiError::unauthorized().into_response();
+    };
+    let is_ws = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let Some(key) = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .cloned()
+        .filter(|_| is_ws)
+    else {
+        return ApiError::bad_request("expected a WebSocket upgrade").into_response();
+    };
+    let Some(proto) = transport::negotiate(headers, &shared.config.subprotocols) else {
+        return ApiError::rpc(
+            crate::wire::RpcError::new(
+                crate::wire::ErrorCode::UnsupportedProtocol,
+                "no common subprotocol",
+            )
+            .with_reason("no_common_subprotocol"),
+        )
+        .into_response();
+    };
+    let accept = derive_accept_key(key.as_bytes());
+    let on_upgrade = hyper::upgrade::on(req);
+    let max = shared.config.max_mcp_frame_bytes;
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let io = hyper_util::rt::TokioIo::new(upgraded);
+                let t = transport::from_upgraded(Box::new(io), proto, max).await;
+                connection::start(shared, t, executor_id).await;
+            }
+            Err(e) => tracing::info!(error = %e, "executor upgrade failed"),
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header(header::SEC_WEBSOCKET_ACCEPT, accept)
+        .header(header::SEC_WEBSOCKET_PROTOCOL, proto.name())
+        .body(Body::empty())
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// Parse a JSON body; an empty body is `{}`.
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(text).map_err(|e| ApiError::bad_request(format!("body: {e}")))
+}
+
+pub(crate) fn executor_views(shared: &Shared) -> Vec<ExecutorView> {
+    let mut v: Vec<ExecutorView> = shared
+        .conns
+        .iter()
+        .filter(|e| {
+            e.registered
+                && shared
+                    .executors
+                    .get(&e.executor_id)
+                    .is_some_and(|c| *c == e.conn)
+        })
+        .map(|e| {
+            let mut active: Vec<String> = shared
+                .sessions
+                .iter()
+                .filter(|s| {
+                    s.state != super::types::SessionState::Ended
+                        && s.connection_id.as_deref() == Some(e.connection_id.as_str())
+                })
+                .map(|s| s.session_id.clone())
+                .collect();
+            active.sort();
+            ExecutorView {
+                executor_id: e.executor_id.clone(),
+                connection_id: e.connection_id.clone(),
+                state: "ready".into(),
+                name: e.info.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
+                version: e
+                    .info
+                    .as_ref()
+                    .map(|i| i.version.clone())
+                    .unwrap_or_default(),
+                active_sessions: active,
+                connected_at: e.connected_at.clone(),
+                last_heartbeat_at: e.last_heartbeat_at.clone(),
+                protocol: Some(e.link.version().as_str().to_owned()),
+                capabilities: e.capabilities.clone(),
+            }
+        })
+        .collect();
+    v.sort_by(|a, b| a.executor_id.cmp(&b.executor_id));
+    v
+}
+
+async fn list_executors(State(app): State<App>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "executors": executor_views(&app.shared) }))
+}
+
+async fn list_sessions(State(app): State<App>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "sessions": app.sessions().list() }))
+}
+
+async fn create_session(State(app): State<App>, bytes: Bytes) -> Result<Response, ApiError> {
+    let req: CreateSession = body(&bytes)?;
+    let s = app.sessions().create(req).await?;
+    let info = s
+        .info()
+        .ok_or_else(|| ApiError::internal("the session vanished"))?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+async fn get_session(State(app): State<App>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let info = app
+        .sessions()
+        .get(&id)
+        .ok_or_else(|| ApiError::unknown_session(&id))?;
+    Ok(Json(info).into_response())
+}
+
+async fn delete_session(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let info = app.sessions().session(&id).stop().await?;
+    Ok(Json(info).into_response())
+}
+
+async fn list_processes(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let p = app.sessions().session(&id).list_processes().await?;
+    Ok(Json(serde_json::json!({ "processes": p })).into_response())
+}
+
+async fn start_process(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let mut v: serde_json::Value = body(&bytes)?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::bad_request("body must be an object"))?;
+    obj.insert("sessionId".into(), serde_json::Value::String(id.clone()));
+    obj.entry("processId")
+        .or_insert_with(|| format!("p-{}", uuid::Uuid::new_v4().simple()).into());
+    let params: ProcessStartParams =
+        serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
+    if params.argv.is_empty() {
+        return Err(ApiError::bad_request("argv must not be empty"));
+    }
+    let state = app.sessions().session(&id).start_process(params).await?;
+    Ok(Json(state).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OutputQuery {
+    stream: Option<Stream>,
+    cursor: Option<u64>,
+    max_bytes: Option<u64>,
+    wait_ms: Option<u64>,
+}
+
+async fn read_output(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+    query: Result<Query<OutputQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
+    let r = app
+        .sessions()
+        .session(&id)
+        .read(ReadRequest {
+            process_id: pid,
+            stream: q.stream.unwrap_or(Stream::Stdout),
+            cursor: q.cursor.unwrap_or(0),
+            max_bytes: q.max_bytes,
+            wait_ms: q.wait_ms,
+        })
+        .await?;
+    Ok(Json(r).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct StdinBody {
+    /// Base64 bytes.
+    data: Option<String>,
+    /// Or text, sent as UTF-8.
+    text: Option<String>,
+    #[serde(default)]
+    close_stdin: bool,
+}
+
+async fn write_stdin(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let b: StdinBody = body(&bytes)?;
+    let mut data = match b.data {
+        Some(d) => crate::wire::blob::base64_decode(&d)
+            .map_err(|e| ApiError::bad_request(format!("data is not base64: {e}")))?,
+        None => Vec::new(),
+    };
+    if let Some(t) = b.text {
+        data.extend_from_slice(t.as_bytes());
+    }
+    let r = app
+        .sessions()
+        .session(&id)
+        .write(&pid, data, b.close_stdin)
+        .await?;
+    Ok(Json(r).into_response())
+}
+
+async fn interrupt(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let r = app.sessions().session(&id).interrupt(&pid).await?;
+    Ok(Json(r).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TerminateBody {
+    grace_ms: Option<u64>,
+}
+
+async fn terminate(
+    State(app): State<App>,
+    Path((id, pid)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let b: TerminateBody = body(&bytes)?;
+    let r = app
+        .sessions()
+        .session(&id)
+        .terminate(&pid, b.grace_ms)
+        .await?;
+    Ok(Json(r).into_response())
+}
+
+async fn call_tool(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let call: ToolCall = body(&bytes)?;
+    let r = app.sessions().session(&id).call_tool(call).await?;
+    Ok(Json(r).into_response())
+}

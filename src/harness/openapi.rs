@@ -1,0 +1,181 @@
+//! The OpenAPI 3 document served at `GET /v1/openapi.json`, written by hand
+//! (it lists every route of `harness::http`; a test checks that).
+
+use serde_json::{json, Value};
+
+fn err(desc: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+}
+
+fn ok(desc: &str, schema: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+fn body(schema: &str, required: bool) -> Value {
+    json!({"required": required, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+fn sid() -> Value {
+    json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}, "description": "session id"})
+}
+
+fn pid() -> Value {
+    json!({"name": "pid", "in": "path", "required": true, "schema": {"type": "string"}, "description": "process id"})
+}
+
+fn session_errors(mut responses: Value) -> Value {
+    let m = responses.as_object_mut().expect("object");
+    m.insert("400".into(), err("bad input (-32602)"));
+    m.insert(
+        "404".into(),
+        err("unknown session or process (-32011, -32004)"),
+    );
+    m.insert("409".into(), err("conflict (-32009)"));
+    m.insert(
+        "410".into(),
+        err("the session ended or its lease expired (-32010)"),
+    );
+    m.insert(
+        "503".into(),
+        err("the session's executor is disconnected or busy (-32029)"),
+    );
+    m.insert(
+        "504".into(),
+        err("the executor did not answer in time (-32008)"),
+    );
+    responses
+}
+
+/// The document.
+pub fn document() -> Value {
+    json!({
+      "openapi": "3.0.3",
+      "info": {
+        "title": "bmx harness API",
+        "version": env!("CARGO_PKG_VERSION"),
+        "description": "Control plane of the executor protocol: executors, sessions, processes, tools. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
+      },
+      "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+          "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
+              "code": {"type": "integer", "example": -32011},
+              "message": {"type": "string"},
+              "data": {"type": "object", "properties": {"reason": {"type": "string"}, "retryable": {"type": "boolean"}, "detail": {"type": "string"}, "capability": {"type": "string"}}}}}}},
+          "Executor": {"type": "object", "properties": {
+              "executorId": {"type": "string"}, "connectionId": {"type": "string"}, "state": {"type": "string", "enum": ["ready"]},
+              "name": {"type": "string"}, "version": {"type": "string"}, "activeSessions": {"type": "array", "items": {"type": "string"}},
+              "connectedAt": {"type": "string", "format": "date-time"}, "lastHeartbeatAt": {"type": "string", "format": "date-time"},
+              "protocol": {"type": "string"}, "capabilities": {"type": "object"}}},
+          "Executors": {"type": "object", "properties": {"executors": {"type": "array", "items": {"$ref": "#/components/schemas/Executor"}}}},
+          "CreateSession": {"type": "object", "properties": {"executorId": {"type": "string"}, "sessionId": {"type": "string"}, "metadata": {"type": "object"}}},
+          "Session": {"type": "object", "properties": {
+              "sessionId": {"type": "string"}, "executorId": {"type": "string"}, "connectionId": {"type": "string"},
+              "fencingToken": {"type": "integer"}, "leaseToken": {"type": "string"},
+              "state": {"type": "string", "enum": ["assigning", "active", "disconnected", "stopping", "ended"]},
+              "ready": {"type": "boolean"}, "status": {"type": "string", "enum": ["starting", "running", "idle", "stopping", "stopped", "error"]},
+              "createdAt": {"type": "string"}, "endedAt": {"type": "string"}, "endedReason": {"type": "string"},
+              "metadata": {"type": "object"}, "processes": {"type": "array", "items": {"$ref": "#/components/schemas/ProcessStatus"}}}},
+          "Sessions": {"type": "object", "properties": {"sessions": {"type": "array", "items": {"$ref": "#/components/schemas/Session"}}}},
+          "ProcessStart": {"type": "object", "required": ["argv"], "properties": {
+              "processId": {"type": "string", "description": "default: a fresh p-<uuid>"}, "argv": {"type": "array", "items": {"type": "string"}},
+              "cwd": {"type": "string"}, "env": {"type": "object", "additionalProperties": {"type": "string"}},
+              "stdin": {"type": "string", "enum": ["open", "closed"]}, "stderr": {"type": "string", "enum": ["separate", "merge"]},
+              "ioMode": {"type": "string", "enum": ["pipe", "pty"]}, "timeoutMs": {"type": "integer"}, "waitMs": {"type": "integer"}, "metadata": {"type": "object"}}},
+          "ProcessState": {"type": "object", "properties": {
+              "accepted": {"type": "boolean"}, "processId": {"type": "string"}, "pid": {"type": "integer"},
+              "state": {"type": "string", "enum": ["running", "exited", "failed", "killed"]}, "startedAt": {"type": "string"}, "endedAt": {"type": "string"},
+              "exitCode": {"type": "integer"}, "exitSignal": {"type": "integer"}, "reason": {"type": "string"},
+              "cursors": {"type": "object", "properties": {"stdout": {"type": "integer"}, "stderr": {"type": "integer"}}}}},
+          "ProcessStatus": {"type": "object", "properties": {"sessionId": {"type": "string"}, "processId": {"type": "string"}, "state": {"type": "string"}, "exitCode": {"type": "integer"}, "observedAt": {"type": "string"}}},
+          "Processes": {"type": "object", "properties": {"processes": {"type": "array", "items": {"$ref": "#/components/schemas/ProcessState"}}}},
+          "ProcessRead": {"type": "object", "properties": {
+              "processId": {"type": "string"}, "stream": {"type": "string", "enum": ["stdout", "stderr"]},
+              "data": {"type": "string", "format": "byte", "description": "base64"},
+              "fromCursor": {"type": "integer"}, "nextCursor": {"type": "integer"}, "earliestCursor": {"type": "integer"},
+              "gap": {"type": "boolean"}, "truncated": {"type": "boolean"}, "eof": {"type": "boolean"},
+              "state": {"type": "string"}, "exitCode": {"type": "integer"}, "exitSignal": {"type": "integer"}, "endedAt": {"type": "string"}, "reason": {"type": "string"}}},
+          "Stdin": {"type": "object", "properties": {"data": {"type": "string", "format": "byte"}, "text": {"type": "string"}, "closeStdin": {"type": "boolean"}}},
+          "Terminate": {"type": "object", "properties": {"graceMs": {"type": "integer"}}},
+          "Accepted": {"type": "object", "properties": {"accepted": {"type": "boolean"}}},
+          "ToolCall": {"type": "object", "required": ["tool"], "properties": {
+              "tool": {"type": "string", "example": "bash"}, "input": {"type": "object", "example": {"command": "echo hi"}},
+              "toolCallId": {"type": "string"}, "deadlineMs": {"type": "integer"}}},
+          "ToolResult": {"type": "object", "properties": {
+              "sessionId": {"type": "string"}, "toolCallId": {"type": "string"}, "outcome": {"type": "string", "enum": ["succeeded", "failed", "canceled"]},
+              "isError": {"type": "boolean"}, "content": {"type": "array", "items": {"type": "object", "properties": {"type": {"type": "string"}, "text": {"type": "string"}}}},
+              "artifacts": {"type": "array", "items": {}}, "durationMs": {"type": "integer"}, "reason": {"type": "string"}}}
+        }
+      },
+      "security": [{"bearer": []}, {}],
+      "paths": {
+        "/v1/executor/connect": {"get": {"summary": "Executor WebSocket upgrade (PROTOCOL.md §1)", "description": "Bearer token of the executor; Sec-WebSocket-Protocol offers bmaexecutor.v1.1+msgpack, bmaexecutor.v1.1, bmaexecutor.v1+msgpack, bmaexecutor.v1.",
+            "responses": {"101": {"description": "switching protocols"}, "400": err("not an upgrade, or no common subprotocol"), "401": err("unknown token")}}},
+        "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3 document"}}}},
+        "/v1/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "{\"ok\": true}"}}}},
+        "/v1/executors": {"get": {"summary": "Live executor connections", "responses": {"200": ok("executors", "Executors")}}},
+        "/v1/sessions": {
+          "get": {"summary": "Sessions (live and recently ended)", "responses": {"200": ok("sessions", "Sessions")}},
+          "post": {"summary": "Create a session: grant a lease, send session.assign, answer once accepted", "requestBody": body("CreateSession", false),
+            "responses": {"201": ok("the session", "Session"), "400": err("bad input"), "409": err("the session id is in use"), "503": err("no executor connected, or the executor is busy (-32029)"), "504": err("the executor did not answer")}}},
+        "/v1/sessions/{id}": {
+          "parameters": [sid()],
+          "get": {"summary": "One session", "responses": {"200": ok("the session", "Session"), "404": err("unknown session")}},
+          "delete": {"summary": "Stop a session: session.stop, answer when session.ended arrives or the deadline passes", "responses": session_errors(json!({"200": ok("the ended session", "Session")}))}},
+        "/v1/sessions/{id}/processes": {
+          "parameters": [sid()],
+          "get": {"summary": "process.list", "responses": session_errors(json!({"200": ok("processes", "Processes")}))},
+          "post": {"summary": "process.start (params without sessionId)", "requestBody": body("ProcessStart", true), "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
+        "/v1/sessions/{id}/processes/{pid}/output": {
+          "parameters": [sid(), pid(),
+            {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["stdout", "stderr"], "default": "stdout"}},
+            {"name": "cursor", "in": "query", "schema": {"type": "integer", "default": 0}},
+            {"name": "maxBytes", "in": "query", "schema": {"type": "integer"}},
+            {"name": "waitMs", "in": "query", "schema": {"type": "integer"}, "description": "long poll: wait this long for bytes or the end"}],
+          "get": {"summary": "process.read (data in base64)", "responses": session_errors(json!({"200": ok("read result", "ProcessRead")}))}},
+        "/v1/sessions/{id}/processes/{pid}/stdin": {
+          "parameters": [sid(), pid()],
+          "post": {"summary": "process.write", "requestBody": body("Stdin", true), "responses": session_errors(json!({"200": ok("accepted", "Accepted"), "413": err("too large (-32013)")}))}},
+        "/v1/sessions/{id}/processes/{pid}/interrupt": {
+          "parameters": [sid(), pid()],
+          "post": {"summary": "process.interrupt (SIGINT to the group)", "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
+        "/v1/sessions/{id}/processes/{pid}/terminate": {
+          "parameters": [sid(), pid()],
+          "post": {"summary": "process.terminate (SIGTERM, SIGKILL after graceMs)", "requestBody": body("Terminate", false), "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
+        "/v1/sessions/{id}/tools": {
+          "parameters": [sid()],
+          "post": {"summary": "tool.call, answered with the tool.result (once per toolCallId)", "requestBody": body("ToolCall", true),
+            "responses": session_errors(json!({"200": ok("the tool result", "ToolResult"), "502": err("the executor was lost and its lease expired: data.reason tool_outcome_unknown")}))}}
+      }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_path_is_documented() {
+        let doc = super::document();
+        let paths = doc["paths"].as_object().unwrap();
+        for p in [
+            "/v1/executor/connect",
+            "/v1/openapi.json",
+            "/v1/executors",
+            "/v1/sessions",
+            "/v1/sessions/{id}",
+            "/v1/sessions/{id}/processes",
+            "/v1/sessions/{id}/processes/{pid}/output",
+            "/v1/sessions/{id}/processes/{pid}/stdin",
+            "/v1/sessions/{id}/processes/{pid}/interrupt",
+            "/v1/sessions/{id}/processes/{pid}/terminate",
+            "/v1/sessions/{id}/tools",
+        ] {
+            assert!(paths.contains_key(p), "{p} missing");
+        }
+        // Every $ref resolves.
+        let text = doc.to_string();
+        for r in text.split("#/components/schemas/").skip(1) {
+            let name: String = r.chars().take_while(|c| c.is_alphanumeric()).collect();
+            assert!(doc["components"]["schemas"].get(&name).is_some(), "{name}");
+        }
+    }
+}

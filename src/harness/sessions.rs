@@ -1,0 +1,484 @@
+//! The platform-facing session API: create a session on an executor, then
+//! start processes, read their output, call tools and stop it. The HTTP API
+//! is a thin layer over these calls, so an embedding platform and a remote
+//! client get the same behaviour.
+
+use super::error::ApiError;
+use super::types::{SessionInfo, SessionState};
+use crate::actors::harness::leases::{LeasesMsg, Route};
+use crate::actors::harness::Shared;
+use crate::wire::types::{
+    Accepted, AssignParams, AssignResult, JsonMap, LeaseGrant, ProcessListResult,
+    ProcessReadParams, ProcessReadResult, ProcessRefParams, ProcessStartParams, ProcessState,
+    ProcessTerminateParams, ProcessWriteParams, SessionRefParams, StopParams, StopResult, Stream,
+    ToolCallParams, ToolResultParams,
+};
+use crate::wire::{Blob, CallError, ErrorCode, Method, RpcError};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// What `POST /v1/sessions` takes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateSession {
+    /// Run on this executor (default: the least loaded one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executor_id: Option<String>,
+    /// Use this id (default: a fresh `s-<uuid>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub metadata: JsonMap,
+}
+
+/// A tool call (`POST /v1/sessions/{id}/tools`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCall {
+    pub tool: String,
+    #[serde(default)]
+    pub input: serde_json::Value,
+    /// Idempotency key (default: a fresh `t-<uuid>`); a repeated call with
+    /// the same id gets the same result, the tool runs once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+}
+
+impl ToolCall {
+    pub fn new(tool: impl Into<String>, input: serde_json::Value) -> Self {
+        ToolCall {
+            tool: tool.into(),
+            input,
+            tool_call_id: None,
+            deadline_ms: None,
+        }
+    }
+}
+
+/// A process read (`GET .../processes/{pid}/output`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadRequest {
+    pub process_id: String,
+    #[serde(default = "default_stream")]
+    pub stream: Stream,
+    #[serde(default)]
+    pub cursor: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+fn default_stream() -> Stream {
+    Stream::Stdout
+}
+
+/// `process.start` params for `argv`, with every option at its default.
+pub fn process_params(process_id: impl Into<String>, argv: Vec<String>) -> ProcessStartParams {
+    ProcessStartParams {
+        session_id: String::new(),
+        process_id: process_id.into(),
+        argv,
+        cwd: None,
+        env: None,
+        stdin: Default::default(),
+        stderr: Default::default(),
+        io_mode: Default::default(),
+        timeout_ms: None,
+        wait_ms: None,
+        metadata: None,
+        cols: None,
+        rows: None,
+    }
+}
+
+/// The sessions of one harness.
+#[derive(Clone)]
+pub struct Sessions {
+    pub(crate) shared: Arc<Shared>,
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::with_status(
+        503,
+        RpcError::internal("the harness is shutting down").with_reason("shutting_down"),
+    )
+}
+
+pub(crate) async fn ask<T>(
+    shared: &Shared,
+    make: impl FnOnce(oneshot::Sender<T>) -> LeasesMsg,
+) -> Result<T, ApiError> {
+    let leases = shared.leases().ok_or_else(shutting_down)?;
+    let (tx, rx) = oneshot::channel();
+    leases.send_message(make(tx)).map_err(|_| shutting_down())?;
+    rx.await.map_err(|_| shutting_down())
+}
+
+impl Sessions {
+    /// Create a session: grant its lease and send `session.assign`; returns
+    /// once the executor accepted it.
+    pub async fn create(&self, req: CreateSession) -> Result<Session, ApiError> {
+        let shared = &self.shared;
+        let a = ask(shared, |reply| LeasesMsg::Assign {
+            session_id: req.session_id,
+            executor_id: req.executor_id,
+            metadata: req.metadata.clone(),
+            reply,
+        })
+        .await??;
+        let session_id = a.grant.session_id.clone();
+        let token = a.grant.fencing_token;
+        let params = AssignParams {
+            session_id: session_id.clone(),
+            work_id: session_id.clone(),
+            agent_id: None,
+            environment_id: None,
+            lease: LeaseGrant {
+                token: a.grant.lease_token.clone(),
+                fencing_token: token,
+            },
+            deadline_ms: None,
+            mcp_servers: Vec::new(),
+            metadata: req.metadata,
+            resources: Vec::new(),
+        };
+        let answer = a
+            .link
+            .request::<_, AssignResult>(
+                Method::SessionAssign,
+                &params,
+                shared.config.request_timeout,
+            )
+            .await;
+        let result = match answer {
+            Ok(r) if r.accepted => Ok(()),
+            Ok(_) => Err(ApiError::no_executor(
+                "the executor did not accept the session",
+            )),
+            Err(CallError::Closed) => Err(ApiError::no_executor("the executor connection closed")),
+            Err(e) => Err(ApiError::from_call(e)),
+        };
+        if let Some(leases) = shared.leases() {
+            let _ = leases.send_message(LeasesMsg::AssignAnswered {
+                session_id: session_id.clone(),
+                fencing_token: token,
+                result: result.clone(),
+            });
+        }
+        result?;
+        Ok(Session {
+            shared: shared.clone(),
+            id: session_id,
+        })
+    }
+
+    /// A handle to a session by id (not checked: its calls fail with 404
+    /// if the session does not exist).
+    pub fn session(&self, session_id: &str) -> Session {
+        Session {
+            shared: self.shared.clone(),
+            id: session_id.to_owned(),
+        }
+    }
+
+    pub fn get(&self, session_id: &str) -> Option<SessionInfo> {
+        self.shared.sessions.get(session_id).map(|s| s.clone())
+    }
+
+    /// Every session known, live and recently ended, by id.
+    pub fn list(&self) -> Vec<SessionInfo> {
+        let mut v: Vec<SessionInfo> = self.shared.sessions.iter().map(|s| s.clone()).collect();
+        v.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        v
+    }
+}
+
+/// One session of the platform.
+#[derive(Clone)]
+pub struct Session {
+    shared: Arc<Shared>,
+    id: String,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Session({})", self.id)
+    }
+}
+
+impl Session {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The session as the harness sees it now.
+    pub fn info(&self) -> Option<SessionInfo> {
+        self.shared.sessions.get(&self.id).map(|s| s.clone())
+    }
+
+    async fn route(&self) -> Result<Route, ApiError> {
+        let id = self.id.clone();
+        ask(&self.shared, |reply| LeasesMsg::Route {
+            session_id: id,
+            reply,
+        })
+        .await?
+    }
+
+    async fn request<P: Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        params: &P,
+        timeout: Duration,
+    ) -> Result<R, ApiError> {
+        let route = self.route().await?;
+        route
+            .link
+            .request(method, params, timeout)
+            .await
+            .map_err(ApiError::from_call)
+    }
+
+    /// `process.start`; `params.session_id` is set to this session.
+    pub async fn start_process(
+        &self,
+        mut params: ProcessStartParams,
+    ) -> Result<ProcessState, ApiError> {
+        params.session_id = self.id.clone();
+        if params.process_id.is_empty() {
+            params.process_id = format!("p-{}", uuid::Uuid::new_v4().simple());
+        }
+        let timeout =
+            self.shared.config.request_timeout + Duration::from_millis(params.wait_ms.unwrap_or(0));
+        self.request(Method::ProcessStart, &params, timeout).await
+    }
+
+    pub async fn list_processes(&self) -> Result<Vec<ProcessState>, ApiError> {
+        let r: ProcessListResult = self
+            .request(
+                Method::ProcessList,
+                &SessionRefParams {
+                    session_id: self.id.clone(),
+                },
+                self.shared.config.request_timeout,
+            )
+            .await?;
+        Ok(r.processes)
+    }
+
+    /// `process.read`, a long poll when `wait_ms` is given (capped by the
+    /// harness's `max_read_wait_ms`).
+    pub async fn read(&self, req: ReadRequest) -> Result<ProcessReadResult, ApiError> {
+        let wait = req
+            .wait_ms
+            .map(|w| w.min(self.shared.config.max_read_wait_ms));
+        let params = ProcessReadParams {
+            session_id: self.id.clone(),
+            process_id: req.process_id,
+            stream: req.stream,
+            cursor: req.cursor,
+            max_bytes: req.max_bytes,
+            wait_ms: wait,
+        };
+        let timeout = self.shared.config.request_timeout + Duration::from_millis(wait.unwrap_or(0));
+        self.request(Method::ProcessRead, &params, timeout).await
+    }
+
+    /// `process.write`: bytes to stdin, optionally closing it.
+    pub async fn write(
+        &self,
+        process_id: &str,
+        data: Vec<u8>,
+        close_stdin: bool,
+    ) -> Result<Accepted, ApiError> {
+        let params = ProcessWriteParams {
+            session_id: self.id.clone(),
+            process_id: process_id.to_owned(),
+            data: Blob::from(data),
+            close_stdin,
+        };
+        self.request(
+            Method::ProcessWrite,
+            &params,
+            self.shared.config.request_timeout,
+        )
+        .await
+    }
+
+    pub async fn interrupt(&self, process_id: &str) -> Result<ProcessState, ApiError> {
+        let params = ProcessRefParams {
+            session_id: self.id.clone(),
+            process_id: process_id.to_owned(),
+        };
+        self.request(
+            Method::ProcessInterrupt,
+            &params,
+            self.shared.config.request_timeout,
+        )
+        .await
+    }
+
+    pub async fn terminate(
+        &self,
+        process_id: &str,
+        grace_ms: Option<u64>,
+    ) -> Result<ProcessState, ApiError> {
+        let params = ProcessTerminateParams {
+            session_id: self.id.clone(),
+            process_id: process_id.to_owned(),
+            grace_ms,
+        };
+        let timeout =
+            self.shared.config.request_timeout + Duration::from_millis(grace_ms.unwrap_or(5_000));
+        self.request(Method::ProcessTerminate, &params, timeout)
+            .await
+    }
+
+    /// Call a tool and wait for its result. The result is delivered once
+    /// per `toolCallId`; if the executor is lost and its lease expires
+    /// first, the call fails with 502 `tool_outcome_unknown`.
+    pub async fn call_tool(&self, call: ToolCall) -> Result<ToolResultParams, ApiError> {
+        if call.tool.is_empty() {
+            return Err(ApiError::bad_request("tool is required"));
+        }
+        let tool_call_id = call
+            .tool_call_id
+            .clone()
+            .unwrap_or_else(|| format!("t-{}", uuid::Uuid::new_v4().simple()));
+        let (wtx, mut wrx) = oneshot::channel();
+        let (sid, tid) = (self.id.clone(), tool_call_id.clone());
+        let route = ask(&self.shared, |reply| LeasesMsg::ToolWait {
+            session_id: sid,
+            tool_call_id: tid,
+            waiter: wtx,
+            reply,
+        })
+        .await??;
+        let forget = || {
+            if let Some(leases) = self.shared.leases() {
+                let _ = leases.send_message(LeasesMsg::ToolForget {
+                    session_id: self.id.clone(),
+                    tool_call_id: tool_call_id.clone(),
+                });
+            }
+        };
+        if let Some(route) = route {
+            let params = ToolCallParams {
+                session_id: self.id.clone(),
+                tool_call_id: tool_call_id.clone(),
+                tool: call.tool.clone(),
+                input: call.input.clone(),
+                deadline_ms: call.deadline_ms,
+                permission: None,
+            };
+            let sent = route
+                .link
+                .request::<_, serde_json::Value>(
+                    Method::ToolCall,
+                    &params,
+                    self.shared.config.request_timeout,
+                )
+                .await;
+            match sent {
+                Ok(_) => {}
+                // The connection dropped after sending: the call may be
+                // running; the lease decides (resume or tool_outcome_unknown).
+                Err(CallError::Closed) | Err(CallError::Timeout(_)) => {}
+                Err(e) => {
+                    // The executor refused the call: the waiter may still
+                    // have got a result (a repeated id); prefer it.
+                    if let Ok(Ok(r)) = wrx.try_recv() {
+                        return Ok(r);
+                    }
+                    drop(wrx);
+                    forget();
+                    return Err(ApiError::from_call(e));
+                }
+            }
+        }
+        let limit = match call.deadline_ms {
+            Some(d) => Duration::from_millis(d) + Duration::from_secs(5),
+            None => self.shared.config.tool_timeout,
+        };
+        match tokio::time::timeout(limit, &mut wrx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(shutting_down()),
+            Err(_) => {
+                drop(wrx);
+                forget();
+                Err(ApiError::rpc(RpcError::timeout(format!(
+                    "no result for tool call {tool_call_id:?} within {limit:?}"
+                ))))
+            }
+        }
+    }
+
+    /// Stop the session: `session.stop`, then wait for `session.ended` or
+    /// the stop deadline; returns the ended session.
+    pub async fn stop(&self) -> Result<SessionInfo, ApiError> {
+        let (wtx, wrx) = oneshot::channel();
+        let sid = self.id.clone();
+        let route = ask(&self.shared, |reply| LeasesMsg::Stop {
+            session_id: sid,
+            waiter: wtx,
+            reply,
+        })
+        .await??;
+        let deadline_ms = self.shared.config.stop_deadline_ms;
+        if let Some(route) = route {
+            let params = StopParams {
+                session_id: self.id.clone(),
+                reason: "stopped".into(),
+                deadline_ms: Some(deadline_ms),
+                keep_workspace: false,
+            };
+            let r = route
+                .link
+                .request::<_, StopResult>(
+                    Method::SessionStop,
+                    &params,
+                    self.shared.config.request_timeout,
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::info!(session = %self.id, error = %e, "session.stop failed");
+                // The executor does not know the session: nothing will end it.
+                if matches!(&e, CallError::Rpc(r) if r.kind() == Some(ErrorCode::SessionNotActive))
+                {
+                    self.force_end("stopped");
+                }
+            }
+        }
+        let limit = Duration::from_millis(deadline_ms) + Duration::from_secs(2);
+        let mut wrx = wrx;
+        match tokio::time::timeout(limit, &mut wrx).await {
+            Ok(Ok(info)) => Ok(info),
+            Ok(Err(_)) => Err(shutting_down()),
+            Err(_) => {
+                self.force_end("stop_timeout");
+                match tokio::time::timeout(Duration::from_secs(2), wrx).await {
+                    Ok(Ok(info)) => Ok(info),
+                    _ => self
+                        .info()
+                        .filter(|i| i.state == SessionState::Ended)
+                        .ok_or_else(shutting_down),
+                }
+            }
+        }
+    }
+
+    fn force_end(&self, reason: &str) {
+        if let Some(leases) = self.shared.leases() {
+            let _ = leases.send_message(LeasesMsg::ForceEnd {
+                session_id: self.id.clone(),
+                reason: reason.to_owned(),
+            });
+        }
+    }
+}

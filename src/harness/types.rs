@@ -1,0 +1,120 @@
+//! What the harness shows a platform: executors, sessions, and events.
+
+use crate::wire::types::{
+    Capabilities, EventDeltaParams, JsonMap, ProcessStatusParams, SessionEventParams,
+    SessionStatus, ToolProgressParams, ToolResultParams,
+};
+use serde::{Deserialize, Serialize};
+
+/// One live executor connection (`GET /v1/executors`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecutorView {
+    pub executor_id: String,
+    pub connection_id: String,
+    /// `connecting` (upgraded, not registered yet) or `ready`.
+    pub state: String,
+    pub name: String,
+    pub version: String,
+    /// Sessions leased to this connection.
+    pub active_sessions: Vec<String>,
+    pub connected_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub capabilities: Capabilities,
+}
+
+/// Where a session is in its life, as the platform sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// `session.assign` sent, not answered yet.
+    Assigning,
+    /// The executor accepted the assignment.
+    Active,
+    /// The holder connection is lost; the lease waits for a resume.
+    Disconnected,
+    /// `session.stop` sent, `session.ended` not received yet.
+    Stopping,
+    /// Over: stopped, ended by the executor, or its lease expired.
+    Ended,
+}
+
+/// A session (`GET /v1/sessions/{id}`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub executor_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection_id: Option<String>,
+    pub fencing_token: u64,
+    pub lease_token: String,
+    pub state: SessionState,
+    /// Whether `session.ready` arrived.
+    pub ready: bool,
+    /// The last `session.status` of the executor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<SessionStatus>,
+    pub created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_reason: Option<String>,
+    #[serde(default)]
+    pub metadata: JsonMap,
+    /// The last `process.status` of every process, by process id order.
+    #[serde(default)]
+    pub processes: Vec<ProcessStatusParams>,
+}
+
+/// Something a platform may want to react to. Delivered on
+/// [`HarnessHandle::events`](super::HarnessHandle::events) and to the
+/// callback of [`HarnessBuilder::on_event`](super::HarnessBuilder::on_event).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HarnessEvent {
+    ExecutorConnected {
+        executor_id: String,
+        connection_id: String,
+    },
+    ExecutorDisconnected {
+        executor_id: String,
+        connection_id: String,
+        /// The WebSocket close code, when one was seen (4004 replaced, 4008 silent, ...).
+        code: Option<u16>,
+        reason: String,
+    },
+    SessionAssigned {
+        session_id: String,
+        executor_id: String,
+        fencing_token: u64,
+    },
+    SessionReady {
+        session_id: String,
+    },
+    SessionStatus {
+        session_id: String,
+        status: SessionStatus,
+        detail: Option<String>,
+    },
+    SessionEnded {
+        session_id: String,
+        reason: String,
+    },
+    ProcessStatus(ProcessStatusParams),
+    ToolProgress(ToolProgressParams),
+    /// Delivered once per `toolCallId`, duplicates from the executor are not repeated.
+    ToolResult(ToolResultParams),
+    SessionEvent(SessionEventParams),
+    SessionEventDelta(EventDeltaParams),
+    /// A v1.1 frame the harness does not act on (interactions, terminals),
+    /// passed through as it came.
+    Other {
+        method: String,
+        params: serde_json::Value,
+    },
+}
