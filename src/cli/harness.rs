@@ -1,37 +1,490 @@
 //! `bmx harness`, `bmx up`, `bmx exec`, `bmx ps`.
 
+use crate::executor::{Executor, ExecutorConfig, TokenSource};
+use crate::harness::client::ApiClient;
+use crate::harness::{Harness, HarnessBuilder, HarnessHandle};
+use crate::wire::Endpoint;
 use clap::Args;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+/// Run the harness: accept executors on `GET /v1/executor/connect` and serve
+/// the HTTP API (docs/api.md) on the same address.
 #[derive(Debug, Args)]
-pub struct HarnessArgs {}
-
-#[derive(Debug, Args)]
-pub struct UpArgs {}
-
-#[derive(Debug, Args)]
-pub struct ExecArgs {}
-
-#[derive(Debug, Args)]
-pub struct PsArgs {}
-
-fn not_built(what: &str) -> ExitCode {
-    eprintln!("bmx {what}: not built yet");
-    ExitCode::from(2)
+pub struct HarnessArgs {
+    /// Address of the API and of the executors' WebSocket endpoint.
+    #[arg(long, env = "BMX_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// Also accept executors on this Unix socket.
+    #[arg(long)]
+    pub listen_unix: Option<PathBuf>,
+    /// An executor credential, `EXECUTOR_ID=SECRET` (repeatable).
+    #[arg(long = "token", value_name = "ID=SECRET")]
+    pub tokens: Vec<String>,
+    /// A file of `EXECUTOR_ID=SECRET` lines (`#` starts a comment).
+    #[arg(long)]
+    pub tokens_file: Option<PathBuf>,
+    /// `heartbeatIntervalMs` announced to executors.
+    #[arg(long, default_value_t = 10_000)]
+    pub heartbeat_ms: u64,
+    /// `leaseTtlMs`: silence before close 4008, and how long a lost
+    /// executor's leases wait for it.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ttl_ms: u64,
+    /// Bearer token the HTTP API requires.
+    #[arg(long, env = "BMX_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Serve the API without a token on a non-loopback address.
+    #[arg(long)]
+    pub allow_open_api: bool,
 }
 
-pub async fn run_harness(_args: HarnessArgs) -> ExitCode {
-    not_built("harness")
+/// Run a harness on 127.0.0.1 and one executor connected to it, until
+/// Ctrl-C (or SIGTERM).
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Port of the API on 127.0.0.1.
+    #[arg(long, default_value_t = 7070)]
+    pub port: u16,
+    /// Root of session workspaces (default: a fresh directory under the
+    /// system's temp dir, removed at exit).
+    #[arg(long)]
+    pub work_root: Option<PathBuf>,
+    /// Id of the local executor.
+    #[arg(long, default_value = "local")]
+    pub executor_id: String,
 }
 
-pub async fn run_up(_args: UpArgs) -> ExitCode {
-    not_built("up")
+/// Run a command on an executor through the harness API, stream its stdout
+/// and stderr, and exit with its exit code (128+N for signal N).
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The harness API.
+    #[arg(long, env = "BMX_HARNESS", default_value = "http://127.0.0.1:7070")]
+    pub harness: String,
+    #[arg(long, env = "BMX_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Run in this session (default: a new one, stopped at the end).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Run on this executor (new sessions only).
+    #[arg(long)]
+    pub executor: Option<String>,
+    /// Working directory inside the session workspace.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Kill the command after this many milliseconds.
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
-pub async fn run_exec(_args: ExecArgs) -> ExitCode {
-    not_built("exec")
+/// List the executors and sessions of a harness.
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    #[arg(long, env = "BMX_HARNESS", default_value = "http://127.0.0.1:7070")]
+    pub harness: String,
+    #[arg(long, env = "BMX_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Print the API's JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub async fn run_ps(_args: PsArgs) -> ExitCode {
-    not_built("ps")
+fn parse_token(line: &str) -> Result<(String, String), String> {
+    let (id, secret) = line
+        .split_once('=')
+        .ok_or_else(|| format!("{line:?}: expected EXECUTOR_ID=SECRET"))?;
+    let (id, secret) = (id.trim(), secret.trim());
+    if id.is_empty() || secret.is_empty() {
+        return Err(format!("{line:?}: empty executor id or secret"));
+    }
+    Ok((id.to_owned(), secret.to_owned()))
+}
+
+impl HarnessArgs {
+    pub fn into_builder(self) -> Result<HarnessBuilder, String> {
+        let mut tokens = Vec::new();
+        for t in &self.tokens {
+            tokens.push(parse_token(t)?);
+        }
+        if let Some(f) = &self.tokens_file {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+            for line in text.lines() {
+                let line = line.split('#').next().unwrap_or("").trim();
+                if !line.is_empty() {
+                    tokens.push(parse_token(line)?);
+                }
+            }
+        }
+        if tokens.is_empty() {
+            return Err("no executor credential: give --token ID=SECRET or --tokens-file".into());
+        }
+        let mut b = Harness::builder()
+            .listen(self.listen)
+            .heartbeat_ms(self.heartbeat_ms)
+            .lease_ttl_ms(self.lease_ttl_ms)
+            .api_token(self.api_token)
+            .allow_open_api(self.allow_open_api);
+        if let Some(p) = self.listen_unix {
+            b = b.listen_unix(p);
+        }
+        for (id, secret) in tokens {
+            b = b.token(id, secret);
+        }
+        Ok(b)
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+pub async fn run_harness(args: HarnessArgs) -> ExitCode {
+    let builder = match args.into_builder() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("bmx harness: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let h = match builder.build().await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("bmx harness: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!(
+        "bmx harness: API {}/v1, executors connect to {}",
+        h.api_url(),
+        h.executor_url()
+    );
+    signal().await;
+    tracing::info!("shutting down");
+    h.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+pub async fn run_up(args: UpArgs) -> ExitCode {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let h: HarnessHandle = match Harness::builder()
+        .listen(SocketAddr::from(([127, 0, 0, 1], args.port)))
+        .token(args.executor_id.clone(), token.clone())
+        .build()
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("bmx up: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (work_root, remove_work_root) = match args.work_root {
+        Some(p) => (p, false),
+        None => (
+            std::env::temp_dir().join(format!("bmx-up-{}", std::process::id())),
+            true,
+        ),
+    };
+    let endpoint = match Endpoint::parse(&h.executor_url()) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("bmx up: {e}");
+            h.shutdown().await;
+            return ExitCode::from(1);
+        }
+    };
+    let mut config = ExecutorConfig::new(endpoint, TokenSource::Static(token));
+    config.work_root = work_root.clone();
+    let executor = match Executor::start(config).await {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("bmx up: {e}");
+            h.shutdown().await;
+            return ExitCode::from(1);
+        }
+    };
+    if !h
+        .wait_for_executor(Some(&args.executor_id), Duration::from_secs(10))
+        .await
+    {
+        eprintln!("bmx up: the local executor did not register within 10 s");
+    }
+    println!(
+        "bmx up: API at {}/v1 (executor {:?} connected; Ctrl-C to stop)",
+        h.api_url(),
+        args.executor_id
+    );
+    let _ = std::io::stdout().flush();
+    // Run until a signal, or until the executor ends by itself.
+    let exit = {
+        let wait = executor.run_until_signal();
+        tokio::pin!(wait);
+        wait.await
+    };
+    tracing::info!(?exit, "executor stopped");
+    h.shutdown().await;
+    if remove_work_root {
+        let _ = std::fs::remove_dir_all(&work_root);
+    }
+    ExitCode::SUCCESS
+}
+
+fn api_error(v: &Value) -> String {
+    match v.get("error") {
+        Some(e) => {
+            let mut s = format!(
+                "{} (code {})",
+                e["message"].as_str().unwrap_or("error"),
+                e["code"]
+            );
+            if let Some(r) = e["data"]["reason"].as_str() {
+                s.push_str(&format!(", reason {r}"));
+            }
+            if let Some(d) = e["data"]["detail"].as_str() {
+                s.push_str(&format!(": {d}"));
+            }
+            s
+        }
+        None => v.to_string(),
+    }
+}
+
+/// Stream one output stream of a process until EOF; returns the last read.
+async fn pump(
+    client: ApiClient,
+    base: String,
+    stream: &'static str,
+) -> Result<Value, String> {
+    let mut cursor = 0u64;
+    loop {
+        let path = format!("{base}/output?stream={stream}&cursor={cursor}&waitMs=10000");
+        let (status, r) = client.get(&path).await.map_err(|e| e.to_string())?;
+        if status != 200 {
+            return Err(api_error(&r));
+        }
+        let data = r["data"].as_str().unwrap_or_default();
+        let bytes = crate::wire::blob::base64_decode(data).map_err(|e| e.to_string())?;
+        if r["gap"] == true {
+            eprintln!("bmx exec: [{stream}: some output was dropped]");
+        }
+        if !bytes.is_empty() {
+            let res = if stream == "stdout" {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&bytes).and_then(|_| out.flush())
+            } else {
+                let mut err = std::io::stderr().lock();
+                err.write_all(&bytes).and_then(|_| err.flush())
+            };
+            if res.is_err() {
+                return Err(format!("cannot write {stream}"));
+            }
+        }
+        cursor = r["nextCursor"].as_u64().unwrap_or(cursor);
+        if r["eof"] == true {
+            return Ok(r);
+        }
+    }
+}
+
+fn exit_status(state: &Value) -> u8 {
+    if let Some(c) = state["exitCode"].as_i64() {
+        return (c & 0xff) as u8;
+    }
+    if let Some(s) = state["exitSignal"].as_i64() {
+        return (128 + s).clamp(0, 255) as u8;
+    }
+    match state["state"].as_str() {
+        Some("failed") => 127,
+        Some("killed") => 137,
+        _ => 1,
+    }
+}
+
+pub async fn run_exec(args: ExecArgs) -> ExitCode {
+    let client = match ApiClient::new(&args.harness) {
+        Ok(c) => c.token(args.api_token.clone()),
+        Err(e) => {
+            eprintln!("bmx exec: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (session, created) = match &args.session {
+        Some(s) => (s.clone(), false),
+        None => {
+            let mut body = json!({});
+            if let Some(e) = &args.executor {
+                body["executorId"] = json!(e);
+            }
+            match client.post("/v1/sessions", &body).await {
+                Ok((201, v)) => (v["sessionId"].as_str().unwrap_or_default().to_owned(), true),
+                Ok((_, v)) => {
+                    eprintln!("bmx exec: cannot create a session: {}", api_error(&v));
+                    return ExitCode::from(1);
+                }
+                Err(e) => {
+                    eprintln!("bmx exec: {}: {e}", args.harness);
+                    return ExitCode::from(1);
+                }
+            }
+        }
+    };
+    let code = exec_in(&client, &session, &args).await;
+    if created {
+        if let Err(e) = client.delete(&format!("/v1/sessions/{session}")).await {
+            eprintln!("bmx exec: stopping session {session}: {e}");
+        }
+    }
+    ExitCode::from(code)
+}
+
+async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
+    let process_id = format!("exec-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut spec = json!({"processId": process_id, "argv": args.command});
+    if let Some(c) = &args.cwd {
+        spec["cwd"] = json!(c);
+    }
+    if let Some(t) = args.timeout_ms {
+        spec["timeoutMs"] = json!(t);
+    }
+    let base = format!("/v1/sessions/{session}/processes/{process_id}");
+    let state = match client
+        .post(&format!("/v1/sessions/{session}/processes"), &spec)
+        .await
+    {
+        Ok((200, v)) => v,
+        Ok((_, v)) => {
+            eprintln!("bmx exec: cannot start the command: {}", api_error(&v));
+            return 1;
+        }
+        Err(e) => {
+            eprintln!("bmx exec: {e}");
+            return 1;
+        }
+    };
+    if state["state"] == "failed" {
+        eprintln!(
+            "bmx exec: {}: {}",
+            args.command[0],
+            state["message"].as_str().unwrap_or("cannot start")
+        );
+        return 127;
+    }
+    let out = tokio::spawn(pump(client.clone(), base.clone(), "stdout"));
+    let err = tokio::spawn(pump(client.clone(), base.clone(), "stderr"));
+    let both = async { (out.await, err.await) };
+    tokio::pin!(both);
+    let (out, err) = loop {
+        tokio::select! {
+            r = &mut both => break r,
+            _ = tokio::signal::ctrl_c() => {
+                // Pass Ctrl-C on to the command; keep streaming until it ends.
+                let _ = client.post(&format!("{base}/interrupt"), &json!({})).await;
+            }
+        }
+    };
+    let last = match (out, err) {
+        (Ok(Ok(o)), Ok(Ok(_))) => o,
+        (Ok(Err(e)), _) | (_, Ok(Err(e))) => {
+            eprintln!("bmx exec: {e}");
+            return 1;
+        }
+        _ => return 1,
+    };
+    exit_status(&last)
+}
+
+pub async fn run_ps(args: PsArgs) -> ExitCode {
+    let client = match ApiClient::new(&args.harness) {
+        Ok(c) => c.token(args.api_token),
+        Err(e) => {
+            eprintln!("bmx ps: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let answers = (
+        client.get("/v1/executors").await,
+        client.get("/v1/sessions").await,
+    );
+    let (execs, sessions) = match answers {
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("bmx ps: {}: {e}", args.harness);
+            return ExitCode::from(1);
+        }
+        (Ok((200, e)), Ok((200, s))) => (e, s),
+        (Ok((_, v)), Ok((200, _))) | (Ok(_), Ok((_, v))) => {
+            eprintln!("bmx ps: {}", api_error(&v));
+            return ExitCode::from(1);
+        }
+    };
+    if args.json {
+        println!("{}", json!({"executors": execs["executors"], "sessions": sessions["sessions"]}));
+        return ExitCode::SUCCESS;
+    }
+    let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
+    println!(
+        "{:<20} {:<24} {:<16} {:>8}  LAST HEARTBEAT",
+        "EXECUTOR", "CONNECTION", "NAME", "SESSIONS"
+    );
+    for e in execs["executors"].as_array().into_iter().flatten() {
+        println!(
+            "{:<20} {:<24} {:<16} {:>8}  {}",
+            s(&e["executorId"]),
+            s(&e["connectionId"]),
+            s(&e["name"]),
+            e["activeSessions"].as_array().map_or(0, Vec::len),
+            s(&e["lastHeartbeatAt"]),
+        );
+    }
+    println!();
+    println!(
+        "{:<38} {:<20} {:<13} {:>6} {:>6}  CREATED",
+        "SESSION", "EXECUTOR", "STATE", "READY", "FENCE"
+    );
+    for x in sessions["sessions"].as_array().into_iter().flatten() {
+        println!(
+            "{:<38} {:<20} {:<13} {:>6} {:>6}  {}",
+            s(&x["sessionId"]),
+            s(&x["executorId"]),
+            s(&x["state"]),
+            x["ready"].as_bool().unwrap_or(false),
+            x["fencingToken"],
+            s(&x["createdAt"]),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_parse() {
+        assert_eq!(
+            parse_token("exec-1=s3cret").unwrap(),
+            ("exec-1".to_string(), "s3cret".to_string())
+        );
+        assert!(parse_token("nope").is_err());
+        assert!(parse_token("=x").is_err());
+        assert_eq!(exit_status(&json!({"exitCode": 3})), 3);
+        assert_eq!(exit_status(&json!({"exitSignal": 9})), 137);
+    }
 }

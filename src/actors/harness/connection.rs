@@ -25,6 +25,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 
 pub enum ConnMsg {
     Frame(Inbound, Option<Responder>),
@@ -147,10 +148,23 @@ impl Actor for Connection {
         msg: ConnMsg,
         state: &mut ConnState,
     ) -> Result<(), ActorProcessingErr> {
+        // Spans are attached with `instrument`, never held across an await.
         let span = state.span.clone();
         let _g = span.enter();
         match msg {
-            ConnMsg::Frame(frame, reply) => state.frame(frame, reply).await,
+            ConnMsg::Frame(frame, reply) => {
+                let fspan = tracing::debug_span!(
+                    "frame",
+                    method = frame.method().unwrap_or("?"),
+                    id = ?frame.id()
+                );
+                drop(_g);
+                state
+                    .frame(frame, reply)
+                    .instrument(fspan)
+                    .instrument(span.clone())
+                    .await
+            }
             ConnMsg::RegisterTimeout => {
                 if !state.registered {
                     tracing::info!("no executor.register within the lease TTL: closing with 4008");
@@ -213,8 +227,6 @@ impl ConnState {
         let Some(method) = frame.method().and_then(Method::from_name) else {
             return;
         };
-        let span = tracing::debug_span!("frame", %method, id = ?frame.id());
-        let _g = span.enter();
         if !method.harness_receives() || method.since() > self.link.version() {
             if let Some(r) = reply {
                 r.err(RpcError::method_not_found(method.as_str()));
