@@ -34,7 +34,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 HarnessEvent::ProcessStatus(p) => {
                     println!("event: process {} is {:?}", p.process_id, p.state)
                 }
-                HarnessEvent::ToolResult(r) => println!("event: tool {} {:?}", r.tool_call_id, r.outcome),
+                HarnessEvent::ToolResult(r) => {
+                    println!("event: tool {} {:?}", r.tool_call_id, r.outcome)
+                }
                 other => println!("event: {other:?}"),
             }
         }
@@ -48,15 +50,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     config.work_root = work.clone();
     let executor = Executor::start(config).await?;
-    if !harness.wait_for_executor(Some("worker-1"), Duration::from_secs(10)).await {
+    if !harness
+        .wait_for_executor(Some("worker-1"), Duration::from_secs(10))
+        .await
+    {
         return Err("the executor did not connect".into());
     }
 
     // 4. A session, a process and its output.
     let session = harness.sessions().create(CreateSession::default()).await?;
-    println!("session {} on {:?}", session.id(), session.info().map(|i| i.executor_id));
+    println!(
+        "session {} on {:?}",
+        session.id(),
+        session.info().map(|i| i.executor_id)
+    );
     session
-        .start_process(process_params("hello", vec!["echo".into(), "hello from the executor".into()]))
+        .start_process(process_params(
+            "hello",
+            vec!["echo".into(), "hello from the executor".into()],
+        ))
         .await?;
     let mut cursor = 0;
     loop {
@@ -81,7 +93,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let result = session
         .call_tool(ToolCall::new("bash", json!({"command": "uname -s"})))
         .await?;
-    println!("bash tool said: {:?}", result.content.first().and_then(|c| c.text.clone()));
+    println!(
+        "bash tool said: {:?}",
+        result.content.first().and_then(|c| c.text.clone())
+    );
 
     // 6. Stop the session, then everything.
     let ended = session.stop().await?;

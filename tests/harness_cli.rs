@@ -47,7 +47,15 @@ fn up_exec_ps() {
     assert!(line.contains(&format!("{url}/v1")), "{line}");
 
     let out = Command::new(BMX)
-        .args(["exec", "--harness", &url, "--", "sh", "-c", "echo out; echo err >&2; exit 3"])
+        .args([
+            "exec",
+            "--harness",
+            &url,
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 3",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3));
@@ -76,7 +84,10 @@ fn up_exec_ps() {
         if let Some(s) = up.try_wait().unwrap() {
             break s;
         }
-        assert!(started.elapsed() < Duration::from_secs(15), "bmx up did not stop");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "bmx up did not stop"
+        );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");

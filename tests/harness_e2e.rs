@@ -26,7 +26,8 @@ async fn api_to_real_executor_and_back() {
     config.work_root = work.path().to_owned();
     let executor = Executor::start(config).await.unwrap();
     assert!(
-        h.wait_for_executor(Some("exec-e2e"), Duration::from_secs(10)).await,
+        h.wait_for_executor(Some("exec-e2e"), Duration::from_secs(10))
+            .await,
         "the executor registers"
     );
     let client = ApiClient::new(&h.api_url())

@@ -55,7 +55,11 @@ async fn bad_token_is_401_and_no_common_subprotocol_is_400() {
     }
     let endpoint = Endpoint::parse(&h.executor_url()).unwrap();
     let only_v2 = bmx::wire::transport::dial(&endpoint, "secret-a", &[], 1 << 20, WAIT).await;
-    assert!(matches!(only_v2, Err(DialError::NoCommonProtocol)), "{:?}", only_v2.err());
+    assert!(
+        matches!(only_v2, Err(DialError::NoCommonProtocol)),
+        "{:?}",
+        only_v2.err()
+    );
     h.shutdown().await;
 }
 
@@ -136,7 +140,10 @@ async fn racing_registers_leave_exactly_one_connection() {
         let mut survivor = survivor;
         survivor.connection_id = reg.connection_id.clone();
         survivor.heartbeat().await.expect("survivor lives");
-        assert!(survivor.closed_within(Duration::from_millis(50)).await.is_none());
+        assert!(survivor
+            .closed_within(Duration::from_millis(50))
+            .await
+            .is_none());
         let live: Vec<_> = h
             .executors()
             .into_iter()
@@ -165,8 +172,14 @@ async fn silent_connection_gets_4008_while_heartbeating_one_survives() {
     assert_eq!(closed.code, Some(CloseCode::LeaseExpired));
     assert!(started.elapsed() >= Duration::from_millis(TTL_MS / 2));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    alive.heartbeat().await.expect("heartbeating connection survives");
-    assert!(alive.closed_within(Duration::from_millis(10)).await.is_none());
+    alive
+        .heartbeat()
+        .await
+        .expect("heartbeating connection survives");
+    assert!(alive
+        .closed_within(Duration::from_millis(10))
+        .await
+        .is_none());
     let ids: Vec<String> = h.executors().into_iter().map(|e| e.executor_id).collect();
     assert_eq!(ids, vec!["exec-a".to_string()]);
     h.shutdown().await;
@@ -186,7 +199,12 @@ async fn api_session_flow_with_a_fake_executor() {
     assert_eq!(status, 404);
     assert_eq!(v["error"]["code"], -32011);
 
-    let s = create_session(&h, &mut f, json!({"sessionId": "s1", "metadata": {"k": "v"}})).await;
+    let s = create_session(
+        &h,
+        &mut f,
+        json!({"sessionId": "s1", "metadata": {"k": "v"}}),
+    )
+    .await;
     assert_eq!(s["executorId"], "exec-a");
     assert_eq!(s["fencingToken"], 1);
     let accepted: Accepted = f
@@ -202,15 +220,21 @@ async fn api_session_flow_with_a_fake_executor() {
         .unwrap();
     assert!(accepted.accepted);
     // Same id again while it lives: 409.
-    let (status, _) = client.post("/v1/sessions", &json!({"sessionId": "s1"})).await.unwrap();
+    let (status, _) = client
+        .post("/v1/sessions", &json!({"sessionId": "s1"}))
+        .await
+        .unwrap();
     assert_eq!(status, 409);
 
     // Process start.
     let c = client.clone();
     let task = tokio::spawn(async move {
-        c.post("/v1/sessions/s1/processes", &json!({"processId": "p1", "argv": ["echo", "hi"]}))
-            .await
-            .unwrap()
+        c.post(
+            "/v1/sessions/s1/processes",
+            &json!({"processId": "p1", "argv": ["echo", "hi"]}),
+        )
+        .await
+        .unwrap()
     });
     let (p, r): (ProcessStartParams, Responder) = f.expect(Method::ProcessStart).await;
     assert_eq!((p.session_id.as_str(), p.process_id.as_str()), ("s1", "p1"));
@@ -290,7 +314,10 @@ async fn api_session_flow_with_a_fake_executor() {
     assert_eq!(v["content"][0]["text"], "hi\n");
     // The same id again: the stored result, no second tool.call.
     let (status, v2) = client
-        .post("/v1/sessions/s1/tools", &json!({"tool": "bash", "input": {}, "toolCallId": "t1"}))
+        .post(
+            "/v1/sessions/s1/tools",
+            &json!({"tool": "bash", "input": {}, "toolCallId": "t1"}),
+        )
         .await
         .unwrap();
     assert_eq!(status, 200);
@@ -330,7 +357,10 @@ async fn api_session_flow_with_a_fake_executor() {
     assert!(again.accepted);
     // Calls on the ended session: 410.
     let (status, v) = client
-        .post("/v1/sessions/s1/tools", &json!({"tool": "bash", "input": {}}))
+        .post(
+            "/v1/sessions/s1/tools",
+            &json!({"tool": "bash", "input": {}}),
+        )
         .await
         .unwrap();
     assert_eq!(status, 410, "{v}");
@@ -353,7 +383,12 @@ async fn frames_from_a_replaced_holder_are_fenced_with_32010() {
     let mut a = dial(&h, "secret-a").await.unwrap();
     a.register(None).await.unwrap();
     a.keep_alive();
-    create_session(&h, &mut a, json!({"sessionId": "s1", "executorId": "exec-a"})).await;
+    create_session(
+        &h,
+        &mut a,
+        json!({"sessionId": "s1", "executorId": "exec-a"}),
+    )
+    .await;
     // The executor comes back on a new connection without listing s1.
     let mut a2 = dial(&h, "secret-a").await.unwrap();
     a2.register(None).await.unwrap();
@@ -373,7 +408,12 @@ async fn frames_from_a_replaced_holder_are_fenced_with_32010() {
     let mut b = dial(&h, "secret-b").await.unwrap();
     b.register(None).await.unwrap();
     b.keep_alive();
-    let s = create_session(&h, &mut b, json!({"sessionId": "s1", "executorId": "exec-b"})).await;
+    let s = create_session(
+        &h,
+        &mut b,
+        json!({"sessionId": "s1", "executorId": "exec-b"}),
+    )
+    .await;
     assert_eq!(s["fencingToken"], 2);
     let e = a2
         .call::<_, Accepted>(Method::ToolResult, &tool_result("s1", "t1", "x"))
@@ -405,7 +445,10 @@ async fn resume_keeps_a_lease_and_stops_the_rest() {
         SessionState::Disconnected
     );
     let (status, v) = api(&h)
-        .post("/v1/sessions/keep/tools", &json!({"tool": "bash", "input": {}}))
+        .post(
+            "/v1/sessions/keep/tools",
+            &json!({"tool": "bash", "input": {}}),
+        )
         .await
         .unwrap();
     assert_eq!(status, 503, "{v}");
@@ -422,22 +465,34 @@ async fn resume_keeps_a_lease_and_stops_the_rest() {
     b.keep_alive();
     // The one it may not run is stopped with lease_expired.
     let (p, r): (StopParams, Responder) = b.expect(Method::SessionStop).await;
-    assert_eq!((p.session_id.as_str(), p.reason.as_str()), ("unknown", "lease_expired"));
+    assert_eq!(
+        (p.session_id.as_str(), p.reason.as_str()),
+        ("unknown", "lease_expired")
+    );
     r.ok(&StopResult { stopped: true });
     // The kept one: same grant, now on the new connection.
     let info = h.sessions().get("keep").unwrap();
     assert_eq!(info.state, SessionState::Active);
     assert_eq!(info.fencing_token, 1);
-    assert_eq!(info.connection_id.as_deref(), Some(rb.connection_id.as_str()));
+    assert_eq!(
+        info.connection_id.as_deref(),
+        Some(rb.connection_id.as_str())
+    );
     let ok: Accepted = b
         .call(Method::ToolResult, &tool_result("keep", "t9", "x"))
         .await
         .unwrap();
     assert!(ok.accepted);
-    assert!(!b.sees(Method::SessionStop, Duration::from_millis(200)).await);
+    assert!(
+        !b.sees(Method::SessionStop, Duration::from_millis(200))
+            .await
+    );
     // Past the TTL the lease is still held: the connection heartbeats.
     tokio::time::sleep(Duration::from_millis(TTL_MS + 200)).await;
-    assert_eq!(h.sessions().get("keep").unwrap().state, SessionState::Active);
+    assert_eq!(
+        h.sessions().get("keep").unwrap().state,
+        SessionState::Active
+    );
     h.shutdown().await;
 }
 
@@ -452,7 +507,10 @@ async fn lost_executor_fails_the_inflight_tool_call_with_tool_outcome_unknown() 
     let task = tokio::spawn(async move {
         let started = Instant::now();
         let r = client
-            .post("/v1/sessions/s1/tools", &json!({"tool": "bash", "input": {"command": "sleep 100"}}))
+            .post(
+                "/v1/sessions/s1/tools",
+                &json!({"tool": "bash", "input": {"command": "sleep 100"}}),
+            )
             .await
             .unwrap();
         (r, started.elapsed())
@@ -464,7 +522,10 @@ async fn lost_executor_fails_the_inflight_tool_call_with_tool_outcome_unknown() 
     let ((status, v), elapsed) = task.await.unwrap();
     assert_eq!(status, 502, "{v}");
     assert_eq!(v["error"]["data"]["reason"], "tool_outcome_unknown");
-    assert!(elapsed < Duration::from_millis(TTL_MS + 3_000), "{elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(TTL_MS + 3_000),
+        "{elapsed:?}"
+    );
     let info = h.sessions().get("s1").unwrap();
     assert_eq!(info.state, SessionState::Ended);
     assert_eq!(info.ended_reason.as_deref(), Some("lease_expired"));
@@ -515,7 +576,10 @@ async fn api_errors_openapi_and_token() {
     let (status, v) = client.post("/v1/sessions", &json!({})).await.unwrap();
     assert_eq!(status, 503, "{v}");
     assert_eq!(v["error"]["code"], -32029);
-    let (status, v) = client.post("/v1/sessions", &json!({"bogus": 1})).await.unwrap();
+    let (status, v) = client
+        .post("/v1/sessions", &json!({"bogus": 1}))
+        .await
+        .unwrap();
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["code"], -32602);
     let (status, _) = client.get("/v1/nope").await.unwrap();

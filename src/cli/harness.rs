@@ -145,7 +145,10 @@ impl HarnessArgs {
 /// Resolves on SIGINT or SIGTERM.
 async fn signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}
@@ -268,11 +271,7 @@ fn api_error(v: &Value) -> String {
 }
 
 /// Stream one output stream of a process until EOF; returns the last read.
-async fn pump(
-    client: ApiClient,
-    base: String,
-    stream: &'static str,
-) -> Result<Value, String> {
+async fn pump(client: ApiClient, base: String, stream: &'static str) -> Result<Value, String> {
     let mut cursor = 0u64;
     loop {
         let path = format!("{base}/output?stream={stream}&cursor={cursor}&waitMs=10000");
@@ -435,7 +434,10 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
         }
     };
     if args.json {
-        println!("{}", json!({"executors": execs["executors"], "sessions": sessions["sessions"]}));
+        println!(
+            "{}",
+            json!({"executors": execs["executors"], "sessions": sessions["sessions"]})
+        );
         return ExitCode::SUCCESS;
     }
     let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();

@@ -12,6 +12,9 @@ use std::time::Duration;
 /// (HTTP 401 before the upgrade).
 pub type Authenticator = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
+/// Called with every [`HarnessEvent`](super::HarnessEvent); must return quickly.
+pub type EventCallback = Arc<dyn Fn(&super::HarnessEvent) + Send + Sync>;
+
 /// Everything the harness needs.
 #[derive(Debug, Clone)]
 pub struct HarnessConfig {

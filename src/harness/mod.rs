@@ -34,6 +34,10 @@
 //! # }
 //! ```
 
+// `ApiError` carries a full JSON-RPC error object by value on purpose: it is
+// built once per failed request and handed straight to the caller.
+#![allow(clippy::result_large_err)]
+
 pub mod client;
 pub mod config;
 pub mod error;
@@ -42,7 +46,7 @@ pub mod openapi;
 pub mod sessions;
 pub mod types;
 
-pub use config::{Authenticator, HarnessConfig};
+pub use config::{Authenticator, EventCallback, HarnessConfig};
 pub use error::ApiError;
 pub use sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
@@ -92,7 +96,7 @@ pub struct HarnessBuilder {
     config: HarnessConfig,
     tokens: HashMap<String, String>,
     authenticate: Option<Authenticator>,
-    on_event: Option<Arc<dyn Fn(&HarnessEvent) + Send + Sync>>,
+    on_event: Option<EventCallback>,
     store: Option<Arc<dyn LeaseStore>>,
 }
 

@@ -27,6 +27,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
+// A frame is moved into the mailbox once; boxing it would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum ConnMsg {
     Frame(Inbound, Option<Responder>),
     Lost(Closed),

@@ -14,6 +14,8 @@
 //! `tool.result`: a `toolCallId` is delivered (waiter + event) once,
 //! duplicates are acknowledged and dropped.
 
+#![allow(clippy::result_large_err)]
+
 use super::Shared;
 use crate::harness::error::ApiError;
 use crate::harness::types::{HarnessEvent, SessionInfo, SessionState};
@@ -34,6 +36,8 @@ use tokio::task::JoinHandle;
 
 /// Tool results kept per session to answer a repeated call with the same id.
 const RESULTS_KEPT: usize = 256;
+
+type Timer = JoinHandle<Result<(), ractor::MessagingErr<LeasesMsg>>>;
 
 pub type ToolWaiter = oneshot::Sender<Result<ToolResultParams, ApiError>>;
 
@@ -129,7 +133,7 @@ struct SessionTools {
 pub struct LeasesState {
     shared: Arc<Shared>,
     table: LeaseTable,
-    timer: Option<(u64, JoinHandle<Result<(), ractor::MessagingErr<LeasesMsg>>>)>,
+    timer: Option<(u64, Timer)>,
     tools: HashMap<String, SessionTools>,
     stop_waiters: HashMap<String, Vec<oneshot::Sender<SessionInfo>>>,
     /// Next expected `session.event` sequence per session.

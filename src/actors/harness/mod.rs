@@ -22,7 +22,7 @@ pub mod connection;
 pub mod leases;
 pub mod listener;
 
-use crate::harness::config::{Authenticator, HarnessConfig};
+use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
 use crate::harness::types::{HarnessEvent, SessionInfo};
 use crate::lease::ConnId;
 use crate::wire::types::{Capabilities, ExecutorInfo};
@@ -63,7 +63,7 @@ pub struct Shared {
     /// The platform's view of sessions; written only by the leases actor.
     pub sessions: DashMap<String, SessionInfo>,
     pub events: broadcast::Sender<HarnessEvent>,
-    pub on_event: Option<Arc<dyn Fn(&HarnessEvent) + Send + Sync>>,
+    pub on_event: Option<EventCallback>,
     leases: OnceLock<ActorRef<LeasesMsg>>,
     next_conn: AtomicU64,
     /// Distinguishes connection ids of this harness run from earlier ones.
@@ -76,7 +76,7 @@ impl Shared {
     pub fn new(
         config: HarnessConfig,
         authenticate: Authenticator,
-        on_event: Option<Arc<dyn Fn(&HarnessEvent) + Send + Sync>>,
+        on_event: Option<EventCallback>,
     ) -> Arc<Shared> {
         let (events, _) = broadcast::channel(4096);
         let instance = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
