@@ -589,3 +589,41 @@ async fn api_errors_openapi_and_token() {
     f.register(None).await.unwrap();
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn json_v1_connection_refuses_newer_methods() {
+    let h = harness().await;
+    let endpoint = Endpoint::parse(&h.executor_url()).unwrap();
+    let json_v1 = [bmx::wire::Subprotocol::ALL[3]];
+    let t = bmx::wire::transport::dial(&endpoint, "secret-a", &json_v1, 1 << 20, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(t.subprotocol.name(), "bmaexecutor.v1");
+    let (link, reader) = bmx::wire::Link::start(t, "e", Default::default());
+    struct Nop;
+    impl bmx::wire::Dispatch for Nop {
+        fn dispatch(&self, _: bmx::wire::Inbound, _: Option<Responder>) {}
+    }
+    tokio::spawn(reader.run(std::sync::Arc::new(Nop)));
+    let r: bmx::wire::types::RegisterResult = link
+        .request(Method::ExecutorRegister, &register_params(None), WAIT)
+        .await
+        .unwrap();
+    assert_eq!(r.protocol, "1");
+    let e = link
+        .request::<_, Value>(
+            Method::SessionEvent,
+            &json!({"sessionId": "s", "turnId": "t", "eventId": "e", "sequence": 0, "event": {}}),
+            WAIT,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(&e), Some(-32601), "{e}");
+    // Bad params are -32602, never a dropped frame.
+    let e = link
+        .request::<_, Value>(Method::ExecutorHeartbeat, &json!({"connectionId": 5}), WAIT)
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(&e), Some(-32602), "{e}");
+    h.shutdown().await;
+}
