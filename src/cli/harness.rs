@@ -379,11 +379,8 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
         }
     };
     if state["state"] == "failed" {
-        eprintln!(
-            "bmx exec: {}: {}",
-            args.command[0],
-            state["message"].as_str().unwrap_or("cannot start")
-        );
+        let msg = state["message"].as_str().unwrap_or("cannot start");
+        eprintln!("bmx exec: {msg}");
         return 127;
     }
     let out = tokio::spawn(pump(client.clone(), base.clone(), "stdout"));
