@@ -5,6 +5,7 @@
 use super::ExecutorConfig;
 use crate::actors::executor::session::SessionMsg;
 use crate::actors::executor::sessions::SessionsMsg;
+use crate::actors::executor::terminals::TerminalsMsg;
 use crate::wire::types::{
     Capabilities, FilesCapability, Limits, ProcessCapability, ShellCapability,
 };
@@ -38,6 +39,7 @@ pub struct Shared {
     /// sessionId → session actor, for the router.
     pub sessions: DashMap<String, ActorRef<SessionMsg>>,
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
+    terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
 }
 
@@ -51,6 +53,7 @@ impl Shared {
             registration: Mutex::new(None),
             sessions: DashMap::new(),
             sessions_actor: RwLock::new(None),
+            terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
         })
     }
@@ -70,6 +73,7 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            terminal: crate::actors::executor::terminals::capability(self),
             ..Default::default()
         }
     }
@@ -109,6 +113,16 @@ impl Shared {
 
     pub fn set_sessions_actor(&self, a: Option<ActorRef<SessionsMsg>>) {
         if let Ok(mut g) = self.sessions_actor.write() {
+            *g = a;
+        }
+    }
+
+    pub fn terminals_actor(&self) -> Option<ActorRef<TerminalsMsg>> {
+        self.terminals_actor.read().ok()?.clone()
+    }
+
+    pub fn set_terminals_actor(&self, a: Option<ActorRef<TerminalsMsg>>) {
+        if let Ok(mut g) = self.terminals_actor.write() {
             *g = a;
         }
     }

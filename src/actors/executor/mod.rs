@@ -6,6 +6,7 @@
 //! │   └── session <id>    workspace, fence, processes, tools (temporary)
 //! │       ├── process <id>
 //! │       └── tool <id>
+//! ├── terminals           terminal actors by terminalId (permanent)
 //! └── connection          dial, register, heartbeat, route (permanent,
 //!                         significant, reconnect backoff)
 //! ```
@@ -16,4 +17,5 @@ pub mod root;
 pub mod router;
 pub mod session;
 pub mod sessions;
+pub mod terminals;
 pub mod tool;
