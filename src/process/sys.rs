@@ -383,6 +383,12 @@ mod tests {
     }
 
     #[test]
+    fn parent_of_parses_stat() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert_eq!(parent_of(me), Some(nix::unistd::getppid().as_raw()));
+    }
+
+    #[test]
     fn pipe_is_large_and_nonblocking() {
         use nix::fcntl::{fcntl, FcntlArg};
         let (r, _w) = pipe(1 << 20).unwrap();
