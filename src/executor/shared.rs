@@ -3,6 +3,7 @@
 //! facts, not business state: each actor owns its own.
 
 use super::ExecutorConfig;
+use crate::actors::executor::process::ProcessMsg;
 use crate::actors::executor::session::SessionMsg;
 use crate::actors::executor::sessions::SessionsMsg;
 use crate::actors::executor::terminals::TerminalsMsg;
@@ -15,6 +16,11 @@ use ractor::ActorRef;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
+
+/// The key of a process in [`Shared::processes`].
+pub fn process_key(session_id: &str, process_id: &str) -> String {
+    format!("{session_id}\u{0}{process_id}")
+}
 
 /// What the last successful register established.
 #[derive(Debug, Clone)]
@@ -38,6 +44,9 @@ pub struct Shared {
     registration: Mutex<Option<Registration>>,
     /// sessionId → session actor, for the router.
     pub sessions: DashMap<String, ActorRef<SessionMsg>>,
+    /// `process_key(session, process)` → process actor: the hot requests
+    /// (`process.read`, `process.write`) go straight to the process.
+    pub processes: DashMap<String, ActorRef<ProcessMsg>>,
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
     terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
@@ -52,6 +61,7 @@ impl Shared {
             link: watch::channel(None).0,
             registration: Mutex::new(None),
             sessions: DashMap::new(),
+            processes: DashMap::new(),
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),

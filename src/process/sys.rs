@@ -423,6 +423,21 @@ mod tests {
     }
 }
 
+/// Raise the soft open-file limit to the hard one.
+pub fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read the local struct only.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// Watch an owned descriptor for readiness in the tokio reactor.
 pub fn async_fd(
     fd: std::os::fd::OwnedFd,

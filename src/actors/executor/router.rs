@@ -3,6 +3,7 @@
 //! It holds no business state: a lookup, a cast, nothing awaited.
 
 use super::connection::ConnMsg;
+use super::process::ProcessMsg;
 use super::session::{SessionMsg, SessionRequest};
 use super::sessions::SessionsMsg;
 use super::terminals::{TerminalRequest, TerminalsMsg};
@@ -166,6 +167,36 @@ impl ExecutorRouter {
         };
         let (Some(request), Some(reply)) = (request, reply) else {
             return;
+        };
+        // The hot path: reads and writes go straight to the process actor.
+        let direct = match request {
+            SessionRequest::ProcessRead(p) => {
+                Ok((p.process_id.clone(), ProcessMsg::Read(p, reply)))
+            }
+            SessionRequest::ProcessWrite(p) => {
+                Ok((p.process_id.clone(), ProcessMsg::Write(p, reply)))
+            }
+            other => Err((other, reply)),
+        };
+        let (request, reply) = match direct {
+            Ok((process_id, msg)) => {
+                let key = crate::executor::shared::process_key(&session_id, &process_id);
+                let actor = self.shared.processes.get(&key).map(|a| a.clone());
+                match actor {
+                    Some(actor) => {
+                        if let Err(ractor::MessagingErr::SendErr(msg)) = actor.send_message(msg) {
+                            msg.fail(RpcError::session_not_active(&session_id));
+                        }
+                        return;
+                    }
+                    None => match msg {
+                        ProcessMsg::Read(p, reply) => (SessionRequest::ProcessRead(p), reply),
+                        ProcessMsg::Write(p, reply) => (SessionRequest::ProcessWrite(p), reply),
+                        _ => return,
+                    },
+                }
+            }
+            Err(pair) => pair,
         };
         let Some(session) = self.shared.sessions.get(&session_id).map(|s| s.clone()) else {
             return reply.err(RpcError::session_not_active(&session_id));
