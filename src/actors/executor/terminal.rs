@@ -8,6 +8,10 @@
 //! Terminals are executor-scoped: a dropped connection pauses delivery, and
 //! the next one resumes every stream from its last acknowledged seq.
 
+// `RpcError` is the error type of every handler in bmx; boxing it here alone
+// would only make this module differ from its neighbours.
+#![allow(clippy::result_large_err)]
+
 pub mod host;
 pub mod pty;
 pub mod stream;
