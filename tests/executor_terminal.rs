@@ -231,10 +231,13 @@ async fn replay_from_seq_1_is_identical_minus_queries() {
     let mut rig = Rig::start(json_only()).await;
     // A cursor-position query in the output: live viewers get it, replays
     // must not (the viewer's emulator would answer it as typed input).
-    let script =
-        "printf 'before\\033[6nafter\\n'; for i in $(seq 1 300); do echo line-$i; done; sleep 100";
+    // The program waits for a line, so all it prints is live for the first
+    // stream (attached before).
+    let script = "read go; printf 'before\\033[6nafter\\n'; \
+                  for i in $(seq 1 300); do echo line-$i; done; sleep 100";
     open(&rig, &open_params("r", &["sh", "-c", script], 80, 24)).await;
-    attach(&rig, &attach_params("r", "live", 1, None, false, 0)).await;
+    attach(&rig, &attach_params("r", "live", 1, None, true, 1)).await;
+    input(&rig, "r", "live", 1, "go\n").await.unwrap();
     let mut live = Vec::new();
     let last = read_until(&mut rig, "r", "live", &mut live, "line-300\r\n").await;
     assert!(contains(&live, "before\x1b[6nafter"));
