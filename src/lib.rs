@@ -4,6 +4,7 @@
 //! * [`supervisor`]: OTP-style supervision over ractor.
 
 pub mod actors;
+pub mod bench;
 pub mod cli;
 pub mod executor;
 pub mod harness;

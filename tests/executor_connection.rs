@@ -29,10 +29,9 @@ async fn first_frame_is_register_with_info_and_real_capabilities() {
     assert!(p.resume.is_none(), "no resume on the first connection");
     let process = p.capabilities.process.expect("process capability");
     assert!(process.enabled && process.pty);
-    assert!(
-        p.capabilities.terminal.is_none(),
-        "not built: not advertised"
-    );
+    let terminal = p.capabilities.terminal.expect("terminal capability");
+    assert!(terminal.enabled && terminal.kinds == ["pty"]);
+    assert_eq!(terminal.max_sessions, Some(32));
     assert!(p.capabilities.mcp.is_none() && p.capabilities.agent.is_none());
     exec.shutdown().await;
 }
@@ -350,17 +349,11 @@ async fn malformed_frames_get_errors_and_the_connection_lives() {
         "{e:?}"
     );
     let e = served
-        .call::<_, serde_json::Value>(
-            Method::TerminalOpen,
-            &serde_json::json!({"terminalId": "t", "cols": 80, "rows": 24}),
-        )
+        .call::<_, serde_json::Value>(Method::McpOpen, &serde_json::json!({}))
         .await
         .unwrap_err();
     assert_eq!(e.code, -32012);
-    assert_eq!(
-        e.data.and_then(|d| d.capability).as_deref(),
-        Some("terminal")
-    );
+    assert_eq!(e.data.and_then(|d| d.capability).as_deref(), Some("mcp"));
     let e = served
         .call::<_, serde_json::Value>(
             Method::ProcessList,

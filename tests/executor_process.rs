@@ -636,3 +636,50 @@ async fn process_list_and_status_notifications() {
     assert!(exited["observedAt"].is_string());
     rig.shutdown().await;
 }
+
+#[tokio::test]
+async fn cwd_outside_the_workspace_and_denied_env_are_forbidden() {
+    let rig = Rig::start_with(Options::default(), |c| {
+        c.deny_env.push("BMX_DENIED_FOR_TEST".into())
+    })
+    .await;
+    rig.assign("s").await;
+    let p = ProcessStartParams {
+        cwd: Some("../..".into()),
+        ..start_params("s", "cwd", &["pwd"])
+    };
+    let e = rig
+        .conn
+        .call::<_, ProcessState>(Method::ProcessStart, &p)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, -32003);
+    assert_eq!(e.reason(), Some("workspace_boundary"));
+    let mut env = std::collections::BTreeMap::new();
+    env.insert("BMX_DENIED_FOR_TEST".to_owned(), "x".to_owned());
+    let p = ProcessStartParams {
+        env: Some(env),
+        ..start_params("s", "env", &["true"])
+    };
+    let e = rig
+        .conn
+        .call::<_, ProcessState>(Method::ProcessStart, &p)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, -32003);
+    assert_eq!(e.reason(), Some("denied_env"));
+    // Inside the workspace is fine.
+    std::fs::create_dir_all(rig.work.path().join("sessions/s/sub")).unwrap();
+    let p = ProcessStartParams {
+        cwd: Some("sub".into()),
+        wait_ms: Some(5_000),
+        ..start_params("s", "ok", &["pwd"])
+    };
+    let st = start(&rig, p).await;
+    assert_eq!(st.exit_code, Some(0));
+    let out = read(&rig, "s", "ok", Stream::Stdout, 0, 1_000).await;
+    assert!(String::from_utf8_lossy(out.data.as_slice())
+        .trim_end()
+        .ends_with("/sessions/s/sub"));
+    rig.shutdown().await;
+}

@@ -1,15 +1,110 @@
-//! `bmx bench`.
+//! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use clap::Subcommand;
+use crate::bench::{buffering, scale};
+use crate::wire::Codec;
+use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum CodecChoice {
+    Json,
+    Msgpack,
+    Both,
+}
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// Process-output buffering: raw pipe vs ring vs end-to-end.
-    Buffering,
+    /// Process-output buffering: raw pipe vs ring vs end-to-end vs PTY.
+    Buffering {
+        /// Bytes the producer writes.
+        #[arg(long, default_value_t = 1 << 30)]
+        bytes: u64,
+        /// Bytes through the PTY rows (PTYs are kernel-bound and slow).
+        #[arg(long, default_value_t = 64 << 20)]
+        pty_bytes: u64,
+        #[arg(long, value_enum, default_value_t = CodecChoice::Both)]
+        codec: CodecChoice,
+        /// maxBytes of each process.read in the e2e rows.
+        #[arg(long, default_value_t = 1 << 20)]
+        read_bytes: u64,
+        /// Print one JSON object instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Many sessions with live processes: memory per session/process and
+    /// the time to assign, start and stop them.
+    Scale {
+        #[arg(long, default_value_t = 1000)]
+        sessions: usize,
+        #[arg(long, default_value_t = 10)]
+        processes: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The benchmarks' producer: write N bytes to stdout.
+    #[command(hide = true)]
+    Produce {
+        #[arg(long)]
+        bytes: u64,
+    },
 }
 
-pub async fn run(_cmd: BenchCommand) -> ExitCode {
-    eprintln!("bmx bench: not built yet");
-    ExitCode::from(2)
+pub async fn run(cmd: BenchCommand) -> ExitCode {
+    match cmd {
+        BenchCommand::Produce { bytes } => match buffering::produce(bytes) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        },
+        BenchCommand::Buffering {
+            bytes,
+            pty_bytes,
+            codec,
+            read_bytes,
+            json,
+        } => {
+            let codecs = match codec {
+                CodecChoice::Json => vec![Codec::Json],
+                CodecChoice::Msgpack => vec![Codec::MsgPack],
+                CodecChoice::Both => vec![Codec::Json, Codec::MsgPack],
+            };
+            let opts = buffering::BufferingOptions {
+                bytes,
+                read_bytes,
+                pty_bytes: pty_bytes.min(bytes),
+                codecs,
+            };
+            match buffering::run(&opts).await {
+                Ok(r) if json => {
+                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Ok(r) => {
+                    print!("{}", r.table());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("bmx bench buffering: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        BenchCommand::Scale {
+            sessions,
+            processes,
+            json,
+        } => match scale::run(sessions, processes).await {
+            Ok(r) if json => {
+                println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Ok(r) => {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bmx bench scale: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
 }

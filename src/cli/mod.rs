@@ -36,10 +36,11 @@ pub enum Command {
     Bench(bench::BenchCommand),
 }
 
-/// Install the tracing subscriber: stderr, `RUST_LOG`-style filter (default `info`).
-pub fn init_tracing() {
+/// Install the tracing subscriber: stderr, `RUST_LOG`-style filter
+/// (default `info`, `warn` for benchmarks).
+pub fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -48,7 +49,10 @@ pub fn init_tracing() {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(match cli.command {
+        Command::Bench(_) => "warn",
+        _ => "info",
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

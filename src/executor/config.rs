@@ -54,6 +54,16 @@ pub struct ExecutorConfig {
     /// `process::sys::become_subreaper`). The daemon turns this on; a host
     /// program that spawns children of its own must leave it off.
     pub subreaper: bool,
+    /// Terminals open at once (`terminal.maxSessions`; -32015 past it).
+    pub terminal_max_sessions: u32,
+    /// Scrollback each terminal keeps for replay.
+    pub terminal_scrollback_bytes: usize,
+    /// Bytes a `terminal.output` stream may have sent and not had
+    /// acknowledged (`ackSeq`) before it stops sending: a viewer that does
+    /// not keep up falls behind into a gap instead of growing memory.
+    pub terminal_window_bytes: usize,
+    /// Between the SIGHUP of `terminal.close` and the SIGKILL of the tree.
+    pub terminal_close_grace: Duration,
 }
 
 impl ExecutorConfig {
@@ -75,6 +85,10 @@ impl ExecutorConfig {
             deny_env: vec!["BMX_TOKEN".into(), "BMX_TOKEN_FILE".into()],
             tool_inline_limit: 64 * 1024,
             subreaper: false,
+            terminal_max_sessions: 32,
+            terminal_scrollback_bytes: 1 << 20,
+            terminal_window_bytes: 256 << 10,
+            terminal_close_grace: Duration::from_secs(2),
         }
     }
 }

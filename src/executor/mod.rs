@@ -113,6 +113,8 @@ impl Executor {
             path: config.work_root.clone(),
             source,
         })?;
+        // Every pipe-mode process holds one or two descriptors.
+        crate::process::sys::raise_nofile_limit();
         if config.subreaper {
             crate::process::sys::become_subreaper();
         }

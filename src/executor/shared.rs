@@ -3,8 +3,10 @@
 //! facts, not business state: each actor owns its own.
 
 use super::ExecutorConfig;
+use crate::actors::executor::process::ProcessMsg;
 use crate::actors::executor::session::SessionMsg;
 use crate::actors::executor::sessions::SessionsMsg;
+use crate::actors::executor::terminals::TerminalsMsg;
 use crate::wire::types::{
     Capabilities, FilesCapability, Limits, ProcessCapability, ShellCapability,
 };
@@ -14,6 +16,11 @@ use ractor::ActorRef;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::watch;
+
+/// The key of a process in [`Shared::processes`].
+pub fn process_key(session_id: &str, process_id: &str) -> String {
+    format!("{session_id}\u{0}{process_id}")
+}
 
 /// What the last successful register established.
 #[derive(Debug, Clone)]
@@ -37,7 +44,11 @@ pub struct Shared {
     registration: Mutex<Option<Registration>>,
     /// sessionId → session actor, for the router.
     pub sessions: DashMap<String, ActorRef<SessionMsg>>,
+    /// `process_key(session, process)` → process actor: the hot requests
+    /// (`process.read`, `process.write`) go straight to the process.
+    pub processes: DashMap<String, ActorRef<ProcessMsg>>,
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
+    terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
 }
 
@@ -50,7 +61,9 @@ impl Shared {
             link: watch::channel(None).0,
             registration: Mutex::new(None),
             sessions: DashMap::new(),
+            processes: DashMap::new(),
             sessions_actor: RwLock::new(None),
+            terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
         })
     }
@@ -70,6 +83,7 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            terminal: crate::actors::executor::terminals::capability(self),
             ..Default::default()
         }
     }
@@ -109,6 +123,16 @@ impl Shared {
 
     pub fn set_sessions_actor(&self, a: Option<ActorRef<SessionsMsg>>) {
         if let Ok(mut g) = self.sessions_actor.write() {
+            *g = a;
+        }
+    }
+
+    pub fn terminals_actor(&self) -> Option<ActorRef<TerminalsMsg>> {
+        self.terminals_actor.read().ok()?.clone()
+    }
+
+    pub fn set_terminals_actor(&self, a: Option<ActorRef<TerminalsMsg>>) {
+        if let Ok(mut g) = self.terminals_actor.write() {
             *g = a;
         }
     }

@@ -12,7 +12,9 @@
 //! (a process can clear its environment), but it is not writable on every
 //! host (this one mounts cgroup v1); see docs/architecture.md.
 
-use std::collections::HashSet;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::{getpgid, getpgrp, getpid, Pid};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::Mutex;
 
 /// Environment variable that tags a process tree with its owner.
@@ -156,35 +158,110 @@ pub fn signal_group(pgid: i32, signal: nix::sys::signal::Signal) {
     }
 }
 
-fn children_of(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
+/// Kills process `pid`, the process group it leads, and every descendant,
+/// including those that left the group (`setsid`, `setpgid`).
+///
+/// The tree is frozen with SIGSTOP first, then collected by walking
+/// `/proc/<pid>/task/*/children` recursively (repeatedly, until no new pid
+/// shows up), then killed with SIGKILL. Freezing first means nothing can
+/// fork a fresh child between collection and kill, and a stopped process
+/// cannot exit, so its pid cannot be recycled before our SIGKILL reaches it.
+///
+/// Refuses pid 0, 1, our own pid and our own process group, where a signal
+/// would hit the executor itself or the whole system.
+pub fn kill_process_tree(pid: u32) {
+    let Ok(raw) = i32::try_from(pid) else {
+        return;
     };
-    for t in tasks.flatten() {
-        if let Ok(list) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(
-                list.split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok()),
-            );
+    let me = getpid();
+    if raw <= 1 || raw == me.as_raw() {
+        return;
+    }
+    let root = Pid::from_raw(raw);
+    let leads_group = getpgid(Some(root)).is_ok_and(|g| g == root) && root != getpgrp();
+    if leads_group {
+        let _ = killpg(root, Signal::SIGSTOP);
+    }
+    let _ = kill(root, Signal::SIGSTOP);
+    let mut all = BTreeSet::from([raw]);
+    for _ in 0..16 {
+        let fresh: Vec<i32> = descendants(raw)
+            .into_iter()
+            .filter(|p| *p > 1 && *p != me.as_raw() && all.insert(*p))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for p in fresh {
+            let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
         }
     }
-    out
+    if leads_group {
+        let _ = killpg(root, Signal::SIGKILL);
+    }
+    tracing::debug!(pid = raw, processes = all.len(), "killed process tree");
+    for p in all {
+        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+    }
 }
 
-/// Every descendant of `pid` (children files, breadth first).
-pub fn descendants(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    let mut queue = vec![pid];
-    while let Some(p) = queue.pop() {
-        for c in children_of(p) {
-            if !out.contains(&c) {
-                out.push(c);
-                queue.push(c);
+/// All descendants of `root` currently visible in /proc.
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut seen = BTreeSet::from([root]);
+    let mut queue = VecDeque::from([root]);
+    while let Some(pid) = queue.pop_front() {
+        for child in children_of(pid) {
+            if seen.insert(child) {
+                found.push(child);
+                queue.push_back(child);
             }
         }
     }
-    out
+    found
+}
+
+/// Children of `pid` from `/proc/<pid>/task/*/children`, or, on kernels
+/// built without that file, from the parent field of every `/proc/*/stat`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut children = Vec::new();
+    let mut supported = true;
+    for task in tasks.flatten() {
+        match std::fs::read_to_string(task.path().join("children")) {
+            Ok(list) => children.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            ),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => supported = false,
+            Err(_) => {}
+        }
+    }
+    if !supported {
+        children.extend(scan_children(pid));
+    }
+    children
+}
+
+fn scan_children(parent: i32) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| parent_of(*pid) == Some(parent))
+        .collect()
+}
+
+/// The parent pid from `/proc/<pid>/stat` (`pid (comm) state ppid ...`;
+/// `comm` may contain spaces and parentheses, so parse after the last `)`).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn has_scope(pid: i32, needle: &[u8]) -> bool {
@@ -224,11 +301,11 @@ fn alive(pid: i32) -> bool {
 /// the kill is caught by the next pass).
 pub fn kill_tree(pid: Option<i32>, pgid: Option<i32>, scope: &str) {
     use nix::sys::signal::{kill, Signal};
+    if let Some(p) = pid.filter(|&p| alive(p)) {
+        kill_process_tree(p as u32);
+    }
     for _ in 0..8 {
         let mut targets: Vec<i32> = pid.map(descendants).unwrap_or_default();
-        if let Some(p) = pid.filter(|&p| alive(p)) {
-            targets.push(p);
-        }
         if is_subreaper() {
             targets.extend(orphans_in_scope(scope));
         } else {
@@ -306,6 +383,12 @@ mod tests {
     }
 
     #[test]
+    fn parent_of_parses_stat() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert_eq!(parent_of(me), Some(nix::unistd::getppid().as_raw()));
+    }
+
+    #[test]
     fn pipe_is_large_and_nonblocking() {
         use nix::fcntl::{fcntl, FcntlArg};
         let (r, _w) = pipe(1 << 20).unwrap();
@@ -337,6 +420,21 @@ mod tests {
         let _ = child.wait();
         // The orphan is gone (or a zombie about to be reaped by its parent).
         assert!(!matches!(stat(orphan), Some((_, s)) if s != 'Z'));
+    }
+}
+
+/// Raise the soft open-file limit to the hard one.
+pub fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read the local struct only.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
     }
 }
 

@@ -22,7 +22,7 @@
 //! * **Secrets stay out.** Variables named in `ctx.deny_env` are removed
 //!   from the child's environment and may not be set through `env`.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
@@ -32,8 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::{getpgid, getpgrp, getpid, Pid};
+use crate::process::sys;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -289,7 +288,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             // Reaped: kill what the shell left behind in its group, so
             // background jobs neither outlive the call nor hold the pipes.
             if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1) {
-                let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+                sys::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
             }
             Some(*status)
         }
@@ -598,109 +597,9 @@ async fn join_sink(
 }
 
 /// Kills process `pid`, the process group it leads, and every descendant,
-/// including those that left the group (`setsid`, `setpgid`).
-///
-/// The tree is frozen with SIGSTOP first, then collected by walking
-/// `/proc/<pid>/task/*/children` recursively (repeatedly, until no new pid
-/// shows up), then killed with SIGKILL. Freezing first means nothing can
-/// fork a fresh child between collection and kill, and a stopped process
-/// cannot exit, so its pid cannot be recycled before our SIGKILL reaches it.
-///
-/// Refuses pid 0, 1, our own pid and our own process group, where a signal
-/// would hit the executor itself or the whole system.
+/// including those that left the group; see [`sys::kill_process_tree`].
 pub fn kill_tree(pid: u32) {
-    let Ok(raw) = i32::try_from(pid) else {
-        return;
-    };
-    let me = getpid();
-    if raw <= 1 || raw == me.as_raw() {
-        return;
-    }
-    let root = Pid::from_raw(raw);
-    let leads_group = getpgid(Some(root)).is_ok_and(|g| g == root) && root != getpgrp();
-    if leads_group {
-        let _ = killpg(root, Signal::SIGSTOP);
-    }
-    let _ = kill(root, Signal::SIGSTOP);
-    let mut all = BTreeSet::from([raw]);
-    for _ in 0..16 {
-        let fresh: Vec<i32> = descendants(raw)
-            .into_iter()
-            .filter(|p| *p > 1 && *p != me.as_raw() && all.insert(*p))
-            .collect();
-        if fresh.is_empty() {
-            break;
-        }
-        for p in fresh {
-            let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
-        }
-    }
-    if leads_group {
-        let _ = killpg(root, Signal::SIGKILL);
-    }
-    tracing::debug!(pid = raw, processes = all.len(), "killed process tree");
-    for p in all {
-        let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
-    }
-}
-
-/// All descendants of `root` currently visible in /proc.
-fn descendants(root: i32) -> Vec<i32> {
-    let mut found = Vec::new();
-    let mut seen = BTreeSet::from([root]);
-    let mut queue = VecDeque::from([root]);
-    while let Some(pid) = queue.pop_front() {
-        for child in children_of(pid) {
-            if seen.insert(child) {
-                found.push(child);
-                queue.push_back(child);
-            }
-        }
-    }
-    found
-}
-
-/// Children of `pid` from `/proc/<pid>/task/*/children`, or, on kernels
-/// built without that file, from the parent field of every `/proc/*/stat`.
-fn children_of(pid: i32) -> Vec<i32> {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    let mut children = Vec::new();
-    let mut supported = true;
-    for task in tasks.flatten() {
-        match fs::read_to_string(task.path().join("children")) {
-            Ok(list) => children.extend(
-                list.split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok()),
-            ),
-            Err(err) if err.kind() == io::ErrorKind::NotFound => supported = false,
-            Err(_) => {}
-        }
-    }
-    if !supported {
-        children.extend(scan_children(pid));
-    }
-    children
-}
-
-fn scan_children(parent: i32) -> Vec<i32> {
-    let Ok(procs) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| parent_of(*pid) == Some(parent))
-        .collect()
-}
-
-/// The parent pid from `/proc/<pid>/stat` (`pid (comm) state ppid ...`;
-/// `comm` may contain spaces and parentheses, so parse after the last `)`).
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
+    sys::kill_process_tree(pid);
 }
 
 #[cfg(test)]
@@ -1116,11 +1015,5 @@ mod tests {
         assert_eq!(spill_stem("../../etc/x"), ".._.._etc_x");
         assert_ne!(spill_stem(".."), "..");
         assert!(!spill_stem("").is_empty());
-    }
-
-    #[test]
-    fn parent_of_parses_stat() {
-        let me = i32::try_from(std::process::id()).unwrap();
-        assert_eq!(parent_of(me), Some(nix::unistd::getppid().as_raw()));
     }
 }

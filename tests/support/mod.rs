@@ -455,7 +455,8 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
-/// Pids whose command line contains `needle` (unique args mark test processes).
+/// Pids whose command line starts with `needle` (unique args mark test
+/// processes; a shell whose script mentions them does not count).
 pub fn pids_with_arg(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -464,7 +465,7 @@ pub fn pids_with_arg(needle: &str) -> Vec<i32> {
         };
         if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if cmd.contains(needle) && alive(pid) {
+            if cmd.starts_with(needle) && alive(pid) {
                 out.push(pid);
             }
         }

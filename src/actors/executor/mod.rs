@@ -6,6 +6,8 @@
 //! │   └── session <id>    workspace, fence, processes, tools (temporary)
 //! │       ├── process <id>
 //! │       └── tool <id>
+//! ├── terminals           terminal actors by terminalId (permanent)
+//! │   └── terminal <id>   PTY, scrollback, streams, writer epoch (temporary)
 //! └── connection          dial, register, heartbeat, route (permanent,
 //!                         significant, reconnect backoff)
 //! ```
@@ -16,4 +18,6 @@ pub mod root;
 pub mod router;
 pub mod session;
 pub mod sessions;
+pub mod terminal;
+pub mod terminals;
 pub mod tool;

@@ -221,6 +221,17 @@ struct Spawned {
     stdin: Option<OwnedFd>,
 }
 
+/// Check the parts of a spec that are refused with an RPC error (-32003)
+/// rather than reported as a failed spawn.
+pub fn check_spec(
+    shared: &Shared,
+    workspace: &std::path::Path,
+    spec: &ProcessStartParams,
+) -> Result<(), RpcError> {
+    resolve_cwd(workspace, spec.cwd.as_deref())?;
+    build_env(shared, spec, "").map(|_| ())
+}
+
 fn resolve_cwd(workspace: &std::path::Path, cwd: Option<&str>) -> Result<PathBuf, RpcError> {
     match cwd {
         None => Ok(workspace.to_path_buf()),
@@ -725,6 +736,8 @@ async fn read_task(
                 return reply.err(RpcError::internal("output buffer poisoned"));
             };
             end_rx.borrow_and_update();
+            let ready = ring.end().saturating_sub(p.cursor.max(ring.earliest()));
+            data.reserve_exact((ready as usize).min(max));
             match ring.read_into(p.cursor, max, &mut data) {
                 Ok(span) => (span, ring.end()),
                 Err(e) => return reply.err(RpcError::invalid_params(e.to_string())),

@@ -5,7 +5,7 @@
 //! is `significant`: when it ends for good (4004, 4001, 4003, a completed
 //! drain) the root shuts everything down in reverse order and reports why.
 
-use super::{connection::Connection, sessions::Sessions};
+use super::{connection::Connection, sessions::Sessions, terminals::Terminals};
 use crate::executor::Shared;
 use crate::supervisor::{
     ChildSpec, Restart, Supervisor, SupervisorExit, SupervisorMsg, SupervisorSpec,
@@ -31,6 +31,17 @@ pub async fn start(
     // Ending every session kills its processes: allow for the stop deadline.
     .shutdown_timeout(Duration::from_secs(15));
     let s = shared.clone();
+    let terminals = ChildSpec::new("terminals", Restart::Permanent, move |sup: ActorCell| {
+        let s = s.clone();
+        async move {
+            Actor::spawn_linked(None, Terminals, s, sup)
+                .await
+                .map(|(a, _)| a.get_cell())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .shutdown_timeout(Duration::from_secs(10));
+    let s = shared.clone();
     let connection = ChildSpec::new("connection", Restart::Permanent, move |sup: ActorCell| {
         let s = s.clone();
         async move {
@@ -52,7 +63,7 @@ pub async fn start(
         // Reconnects are bounded by the connection's own attempts, not by
         // an intensity window (a flapping network is not a crash loop).
         intensity: None,
-        children: vec![sessions, connection],
+        children: vec![sessions, terminals, connection],
     })
     .await
 }

@@ -3,8 +3,10 @@
 //! It holds no business state: a lookup, a cast, nothing awaited.
 
 use super::connection::ConnMsg;
+use super::process::ProcessMsg;
 use super::session::{SessionMsg, SessionRequest};
 use super::sessions::SessionsMsg;
+use super::terminals::{TerminalRequest, TerminalsMsg};
 use crate::executor::Shared;
 use crate::wire::types::SessionRefParams;
 use crate::wire::{Dispatch, Inbound, Method, Owner, Responder, RpcError, Version};
@@ -29,12 +31,14 @@ impl ExecutorRouter {
     }
 }
 
-/// The capability a method needs that this executor does not offer yet.
-fn missing_capability(method: Method) -> Option<&'static str> {
+/// The capability a method needs that this executor does not offer.
+fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
     use Method::*;
     match method {
         TerminalOpen | TerminalAttach | TerminalClose | TerminalResize | TerminalInput => {
-            Some("terminal")
+            super::terminals::capability(shared)
+                .is_none()
+                .then_some("terminal")
         }
         McpOpen | McpClose | McpFrame => Some("mcp"),
         TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => Some("agent"),
@@ -75,7 +79,7 @@ impl Dispatch for ExecutorRouter {
         if !method.executor_receives() || method.since() > self.version {
             return answer(reply, RpcError::method_not_found(method.as_str()));
         }
-        if let Some(cap) = missing_capability(method) {
+        if let Some(cap) = missing_capability(&self.shared, method) {
             return answer(reply, RpcError::capability_unavailable(cap));
         }
         match method.owner() {
@@ -104,12 +108,41 @@ impl Dispatch for ExecutorRouter {
                     None => r.err(RpcError::internal("sessions supervisor unavailable")),
                 }
             }
+            Owner::Terminal => self.terminal(method, &frame, reply),
             _ => self.session_scoped(method, &frame, reply),
         }
     }
 }
 
 impl ExecutorRouter {
+    fn terminal(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
+        let request = match method {
+            Method::TerminalOpen => decode(frame, &mut reply).map(TerminalRequest::Open),
+            Method::TerminalAttach => decode(frame, &mut reply).map(TerminalRequest::Attach),
+            Method::TerminalInput => decode(frame, &mut reply).map(TerminalRequest::Input),
+            Method::TerminalResize => decode(frame, &mut reply).map(TerminalRequest::Resize),
+            Method::TerminalClose => decode(frame, &mut reply).map(TerminalRequest::Close),
+            other => return answer(reply, RpcError::method_not_found(other.as_str())),
+        };
+        let Some(request) = request else { return };
+        match self.shared.terminals_actor() {
+            Some(t) => {
+                if let Err(ractor::MessagingErr::SendErr(TerminalsMsg::Request(_, reply))) =
+                    t.send_message(TerminalsMsg::Request(request, reply))
+                {
+                    answer(
+                        reply,
+                        RpcError::internal("terminals supervisor unavailable"),
+                    );
+                }
+            }
+            None => answer(
+                reply,
+                RpcError::internal("terminals supervisor unavailable"),
+            ),
+        }
+    }
+
     fn session_scoped(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
         let Some(SessionRefParams { session_id }) = decode(frame, &mut reply) else {
             return;
@@ -134,6 +167,36 @@ impl ExecutorRouter {
         };
         let (Some(request), Some(reply)) = (request, reply) else {
             return;
+        };
+        // The hot path: reads and writes go straight to the process actor.
+        let direct = match request {
+            SessionRequest::ProcessRead(p) => {
+                Ok((p.process_id.clone(), ProcessMsg::Read(p, reply)))
+            }
+            SessionRequest::ProcessWrite(p) => {
+                Ok((p.process_id.clone(), ProcessMsg::Write(p, reply)))
+            }
+            other => Err((other, reply)),
+        };
+        let (request, reply) = match direct {
+            Ok((process_id, msg)) => {
+                let key = crate::executor::shared::process_key(&session_id, &process_id);
+                let actor = self.shared.processes.get(&key).map(|a| a.clone());
+                match actor {
+                    Some(actor) => {
+                        if let Err(ractor::MessagingErr::SendErr(msg)) = actor.send_message(msg) {
+                            msg.fail(RpcError::session_not_active(&session_id));
+                        }
+                        return;
+                    }
+                    None => match msg {
+                        ProcessMsg::Read(p, reply) => (SessionRequest::ProcessRead(p), reply),
+                        ProcessMsg::Write(p, reply) => (SessionRequest::ProcessWrite(p), reply),
+                        _ => return,
+                    },
+                }
+            }
+            Err(pair) => pair,
         };
         let Some(session) = self.shared.sessions.get(&session_id).map(|s| s.clone()) else {
             return reply.err(RpcError::session_not_active(&session_id));

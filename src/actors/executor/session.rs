@@ -168,6 +168,15 @@ impl SessionState {
         });
     }
 
+    /// Drop this session's processes from the router's direct map.
+    fn forget_processes(&self) {
+        for id in self.processes.keys() {
+            self.shared
+                .processes
+                .remove(&crate::executor::shared::process_key(&self.id, id));
+        }
+    }
+
     fn live_processes(&self) -> usize {
         self.processes
             .values()
@@ -219,6 +228,11 @@ impl Session {
         if spec.argv.is_empty() {
             return reply.err(RpcError::invalid_params("argv must not be empty"));
         }
+        // Refuse what may never run before anything starts: a cwd outside
+        // the workspace, a denied environment variable.
+        if let Err(e) = super::process::check_spec(&state.shared, &state.workspace, &spec) {
+            return reply.err(e);
+        }
         let args = ProcessArgs {
             shared: state.shared.clone(),
             session: myself.clone(),
@@ -231,6 +245,10 @@ impl Session {
         match Actor::spawn_linked(None, ProcessActor, args, myself.get_cell()).await {
             Ok((actor, _)) => {
                 let _ = actor.send_message(ProcessMsg::Started { reply, wait_ms });
+                state.shared.processes.insert(
+                    crate::executor::shared::process_key(&state.id, &spec.process_id),
+                    actor.clone(),
+                );
                 state.processes.insert(
                     spec.process_id.clone(),
                     ProcEntry {
@@ -326,6 +344,7 @@ impl Session {
         let _ =
             tokio::task::spawn_blocking(move || crate::process::sys::kill_tree(None, None, &scope))
                 .await;
+        state.forget_processes();
         for p in state.processes.values() {
             p.actor.stop(Some("shutdown".into()));
         }
@@ -395,6 +414,7 @@ impl Actor for Session {
         _myself: ActorRef<SessionMsg>,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
+        state.forget_processes();
         if !state.stopping {
             // Stopped from outside (executor shutdown): no orphans, no leftovers.
             for p in state.processes.values() {

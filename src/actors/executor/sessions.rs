@@ -299,6 +299,11 @@ impl Actor for Sessions {
                 state.connected = true;
                 state.ended_in_flight.clear();
                 state.flush_ended(&myself);
+                if let Some(t) = state.shared.terminals_actor() {
+                    let _ = t.send_message(
+                        crate::actors::executor::terminals::TerminalsMsg::Reconnected,
+                    );
+                }
                 // Sessions re-send what the harness has not acknowledged.
                 for e in state.sessions.values() {
                     let _ = e.actor.send_message(SessionMsg::Reconnected);

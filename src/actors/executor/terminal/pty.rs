@@ -1,0 +1,240 @@
+//! The PTY side of a terminal: spawning the program on a fresh PTY, the
+//! reader that numbers its output into the scrollback, the input writer,
+//! and resizing.
+//!
+//! Why nix `openpty` + `tokio::process` rather than portable-pty (which the
+//! issue suggests): the process actor already spawns PTY children this way,
+//! so the terminal gets the same async exit status (no thread blocked in
+//! `wait`), the same non-blocking master read in the tokio reactor (no
+//! blocking reader thread per terminal), and the same `spawn_owned`
+//! bookkeeping that keeps the orphan reaper away from our children.
+
+use crate::process::sys;
+use crate::terminal::scrollback::Scrollback;
+use crate::wire::types::TerminalOpenParams;
+use bytes::Bytes;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, watch};
+
+/// Bytes one read of the master asks for (and so the largest chunk).
+pub const READ_CHUNK: usize = 64 << 10;
+
+/// The terminal's numbered output, shared by the PTY reader (which
+/// appends), the terminal actor and host stream tasks (which replay). The
+/// lock is held only to push or to clone a few `Bytes` handles.
+pub struct Output {
+    scrollback: Mutex<Scrollback>,
+    /// The latest seq, for tasks that wait for new output.
+    latest: watch::Sender<u64>,
+    /// Set while a poke to the actor is queued: the reader sends at most one
+    /// at a time, so a fast program cannot grow the actor's mailbox.
+    poke_queued: AtomicBool,
+}
+
+impl Output {
+    pub fn new(max_bytes: usize) -> Arc<Self> {
+        Arc::new(Output {
+            scrollback: Mutex::new(Scrollback::new(max_bytes)),
+            latest: watch::channel(0).0,
+            poke_queued: AtomicBool::new(false),
+        })
+    }
+
+    pub fn with<R>(&self, f: impl FnOnce(&Scrollback) -> R) -> R {
+        let guard = self.scrollback.lock().unwrap_or_else(|p| p.into_inner());
+        f(&guard)
+    }
+
+    fn push(&self, data: Bytes) {
+        let seq = {
+            let mut guard = self.scrollback.lock().unwrap_or_else(|p| p.into_inner());
+            guard.push(data)
+        };
+        self.latest.send_replace(seq);
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.latest.subscribe()
+    }
+
+    /// The actor took the poke: the next chunk may send another.
+    pub fn poke_taken(&self) {
+        self.poke_queued.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A spawned program on a PTY.
+pub struct Spawned {
+    pub pid: u32,
+    pub child: tokio::process::Child,
+    pub master: OwnedFd,
+}
+
+/// What to run: `argv`, else `shell`, else the user's login shell.
+pub fn command_line(spec: &TerminalOpenParams) -> Vec<String> {
+    match (&spec.argv, &spec.shell) {
+        (Some(argv), _) if !argv.is_empty() => argv.clone(),
+        (_, Some(shell)) if !shell.is_empty() => vec![shell.clone()],
+        _ => vec![login_shell()],
+    }
+}
+
+/// `$SHELL`, else this user's entry in /etc/passwd, else /bin/sh.
+pub fn login_shell() -> String {
+    if let Ok(s) = std::env::var("SHELL") {
+        if !s.is_empty() {
+            return s;
+        }
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() }.to_string();
+    std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let f: Vec<&str> = line.split(':').collect();
+                (f.len() == 7 && f[2] == uid && !f[6].is_empty()).then(|| f[6].to_owned())
+            })
+        })
+        .unwrap_or_else(|| "/bin/sh".into())
+}
+
+/// Start `argv` on a new PTY of `cols`x`rows`, as the leader of a new
+/// session whose controlling terminal is the PTY (so job control, SIGWINCH
+/// and hangup behave as in a real terminal). The master is non-blocking.
+pub fn spawn(
+    argv: &[String],
+    cwd: &std::path::Path,
+    env: Vec<(String, String)>,
+    cols: u16,
+    rows: u16,
+) -> std::io::Result<Spawned> {
+    let size = winsize(cols, rows);
+    let pty = nix::pty::openpty(Some(&size), None)?;
+    let (master, slave) = (pty.master, pty.slave);
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .current_dir(cwd)
+        .env_clear()
+        .envs(env)
+        .kill_on_drop(false)
+        .stdin(Stdio::from(slave.try_clone()?))
+        .stdout(Stdio::from(slave.try_clone()?))
+        .stderr(Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and
+    // exec: a new session whose controlling terminal is the PTY on fd 0.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    sys::set_nonblocking(&master)?;
+    let child = sys::spawn_owned(|| {
+        let child = cmd.spawn()?;
+        let pid = child.id().unwrap_or(0);
+        Ok((child, pid))
+    })?;
+    // `cmd` holds the slave ends: drop them so the master reads EIO once
+    // the program and its children are gone.
+    drop(cmd);
+    let pid = child.id().unwrap_or(0);
+    Ok(Spawned { pid, child, master })
+}
+
+fn winsize(cols: u16, rows: u16) -> nix::pty::Winsize {
+    nix::pty::Winsize {
+        ws_row: rows.max(1),
+        ws_col: cols.max(1),
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// Set the PTY size; the kernel sends SIGWINCH to the foreground group.
+pub fn resize(master: &OwnedFd, cols: u16, rows: u16) -> std::io::Result<()> {
+    let size = winsize(cols, rows);
+    // SAFETY: TIOCSWINSZ reads a `struct winsize` we own, on an fd we own.
+    let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The conventional exit code: the status, or 128 + the signal.
+pub fn exit_code(status: std::process::ExitStatus) -> i32 {
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(-1)
+}
+
+/// Read the master until EOF/EIO, numbering each read as one chunk. Never
+/// waits on anyone: the scrollback drops its oldest chunks when full, and
+/// the actor is poked (at most one poke queued) rather than sent the bytes.
+pub async fn reader(master: OwnedFd, output: Arc<Output>, poke: impl Fn() -> bool) {
+    let afd = match sys::async_fd(master) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the PTY");
+            return;
+        }
+    };
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let Ok(mut guard) = afd.readable().await else {
+            break;
+        };
+        match nix::unistd::read(afd.get_ref().as_fd(), &mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                // An exact-size copy: scrollback accounts for lengths, so
+                // a small chunk must not pin a 64 KiB allocation.
+                output.push(Bytes::copy_from_slice(&buf[..n]));
+                if !output.poke_queued.swap(true, Ordering::SeqCst) && !poke() {
+                    break;
+                }
+            }
+            Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+            Err(nix::errno::Errno::EINTR) => {}
+            // EIO: every slave descriptor is closed.
+            Err(_) => break,
+        }
+    }
+}
+
+/// Write queued input to the master (non-blocking; waits for room when the
+/// program is not reading, without blocking anyone else).
+pub async fn writer(master: OwnedFd, mut rx: mpsc::Receiver<Bytes>) {
+    let Ok(afd) = sys::async_fd(master) else {
+        return;
+    };
+    while let Some(data) = rx.recv().await {
+        let mut off = 0;
+        while off < data.len() {
+            let Ok(mut guard) = afd.writable().await else {
+                return;
+            };
+            match nix::unistd::write(afd.get_ref(), &data[off..]) {
+                Ok(n) => off += n,
+                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}

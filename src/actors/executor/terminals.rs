@@ -1,0 +1,292 @@
+//! The terminals supervisor: executor-scoped PTY terminals by `terminalId`
+//! (PROTOCOL.md §8).
+//!
+//! Holds only the registry (id → terminal actor + the spec it was opened
+//! with); each terminal actor owns its PTY, scrollback and streams. A
+//! terminal stays registered after its program ends (so viewers can still
+//! replay the last output) until `terminal.close`; it counts toward
+//! `maxSessions` until then.
+
+use super::session::safe_name;
+use super::terminal::{self, TerminalActor, TerminalArgs, TerminalMsg};
+use crate::executor::Shared;
+use crate::wire::types::TerminalCapability;
+use crate::wire::types::{
+    TerminalAttachParams, TerminalCloseParams, TerminalInputParams, TerminalOpenParams,
+    TerminalResizeParams,
+};
+use crate::wire::{Responder, RpcError};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Terminal requests the router hands over (`terminal.input` may be a
+/// notification: no responder).
+pub enum TerminalRequest {
+    Open(TerminalOpenParams),
+    Attach(TerminalAttachParams),
+    Input(TerminalInputParams),
+    Resize(TerminalResizeParams),
+    Close(TerminalCloseParams),
+}
+
+impl TerminalRequest {
+    fn terminal_id(&self) -> &str {
+        match self {
+            TerminalRequest::Open(p) => &p.terminal_id,
+            TerminalRequest::Attach(p) => &p.terminal_id,
+            TerminalRequest::Input(p) => &p.terminal_id,
+            TerminalRequest::Resize(p) => &p.terminal_id,
+            TerminalRequest::Close(p) => &p.terminal_id,
+        }
+    }
+}
+
+pub enum TerminalsMsg {
+    Request(TerminalRequest, Option<Responder>),
+    /// The connection came back: attached streams resume.
+    Reconnected,
+    /// A terminal was closed: free its id (sent before the close answer, so
+    /// a re-open after the answer finds the id free).
+    Gone {
+        terminal_id: String,
+        actor: ActorId,
+    },
+}
+
+/// What this executor advertises for terminals.
+pub fn capability(shared: &Shared) -> Option<TerminalCapability> {
+    Some(TerminalCapability {
+        enabled: true,
+        kinds: vec!["pty".into()],
+        max_sessions: Some(shared.config.terminal_max_sessions),
+    })
+}
+
+/// The `BMX_SCOPE` prefix of every terminal of this executor: apart from
+/// the sessions' (`<instance>/`) so ending sessions never touches terminals.
+pub fn terminals_scope(instance: &str) -> String {
+    format!("{instance}~term/")
+}
+
+/// Spec identity for idempotent opens: what runs and where, not the size
+/// (a viewer re-opening from a different window is the same terminal).
+fn same_spec(a: &TerminalOpenParams, b: &TerminalOpenParams) -> bool {
+    a.kind.as_deref().unwrap_or("pty") == b.kind.as_deref().unwrap_or("pty")
+        && a.argv == b.argv
+        && a.shell == b.shell
+        && a.cwd == b.cwd
+        && a.env == b.env
+}
+
+struct Entry {
+    actor: ActorRef<TerminalMsg>,
+    spec: TerminalOpenParams,
+    scope: String,
+}
+
+pub struct Terminals;
+
+pub struct TerminalsState {
+    shared: Arc<Shared>,
+    terminals: HashMap<String, Entry>,
+}
+
+impl TerminalsState {
+    async fn open(
+        &mut self,
+        myself: &ActorRef<TerminalsMsg>,
+        p: TerminalOpenParams,
+        reply: Responder,
+    ) {
+        if let Some(e) = self.terminals.get(&p.terminal_id) {
+            if !same_spec(&e.spec, &p) {
+                return reply.err(RpcError::conflict(
+                    "terminal_id_spec_mismatch",
+                    format!("terminal {:?} is open with a different spec", p.terminal_id),
+                ));
+            }
+            if let Err(ractor::MessagingErr::SendErr(TerminalMsg::Open(reply))) =
+                e.actor.send_message(TerminalMsg::Open(reply))
+            {
+                reply.err(RpcError::internal("terminal actor stopped"));
+            }
+            return;
+        }
+        let max = self.shared.config.terminal_max_sessions;
+        if self.terminals.len() >= max as usize {
+            return reply.err(RpcError::resource_unavailable(format!(
+                "terminal.maxSessions ({max}) terminals are open"
+            )));
+        }
+        if p.terminal_id.is_empty() {
+            return reply.err(RpcError::invalid_params("terminalId is empty"));
+        }
+        if let Err(e) = terminal::validate(&self.shared, &p) {
+            return reply.err(e);
+        }
+        let scope = format!(
+            "{}{}",
+            terminals_scope(&self.shared.instance),
+            safe_name(&p.terminal_id)
+        );
+        let args = TerminalArgs {
+            shared: self.shared.clone(),
+            spec: p.clone(),
+            terminals: myself.clone(),
+            scope: scope.clone(),
+        };
+        match Actor::spawn_linked(None, TerminalActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                let _ = actor.send_message(TerminalMsg::Open(reply));
+                self.terminals.insert(
+                    p.terminal_id.clone(),
+                    Entry {
+                        actor,
+                        spec: p,
+                        scope,
+                    },
+                );
+            }
+            Err(e) => {
+                let message = match e {
+                    ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+                    other => other.to_string(),
+                };
+                tracing::info!(terminal = %p.terminal_id, %message, "terminal spawn failed");
+                reply.err(
+                    RpcError::invalid_params(format!("cannot start the program: {message}"))
+                        .with_reason("spawn_failed"),
+                );
+            }
+        }
+    }
+
+    fn forward(&self, request: TerminalRequest, reply: Option<Responder>) {
+        let id = request.terminal_id().to_owned();
+        let Some(e) = self.terminals.get(&id) else {
+            if let Some(r) = reply {
+                r.err(RpcError::not_found(format!("terminal {id:?} not found")));
+            }
+            return;
+        };
+        let msg = match (request, reply) {
+            (TerminalRequest::Attach(p), Some(r)) => TerminalMsg::Attach(p, r),
+            (TerminalRequest::Input(p), r) => TerminalMsg::Input(p, r),
+            (TerminalRequest::Resize(p), Some(r)) => TerminalMsg::Resize(p, r),
+            (TerminalRequest::Close(p), Some(r)) => TerminalMsg::Close(p, r),
+            // Requests that arrived as notifications: nobody to answer.
+            _ => return,
+        };
+        // A send error drops the responder, which answers -32603.
+        let _ = e.actor.send_message(msg);
+    }
+
+    fn remove_actor(&mut self, id: ActorId) -> Option<Entry> {
+        let key = self
+            .terminals
+            .iter()
+            .find(|(_, e)| e.actor.get_id() == id)
+            .map(|(k, _)| k.clone())?;
+        self.terminals.remove(&key)
+    }
+}
+
+impl Actor for Terminals {
+    type Msg = TerminalsMsg;
+    type State = TerminalsState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TerminalsMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<TerminalsState, ActorProcessingErr> {
+        shared.set_terminals_actor(Some(myself));
+        Ok(TerminalsState {
+            shared,
+            terminals: HashMap::new(),
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<TerminalsMsg>,
+        state: &mut TerminalsState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shared.set_terminals_actor(None);
+        // Each terminal kills its tree as it stops; then a sweep of the
+        // terminals' scope catches anything that escaped (no orphans).
+        let stops = state.terminals.drain().map(|(_, e)| async move {
+            let _ = e
+                .actor
+                .get_cell()
+                .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
+                .await;
+        });
+        futures_util::future::join_all(stops).await;
+        let scope = terminals_scope(&state.shared.instance);
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::process::sys::kill_scope(None, &scope);
+        })
+        .await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<TerminalsMsg>,
+        msg: TerminalsMsg,
+        state: &mut TerminalsState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            TerminalsMsg::Request(TerminalRequest::Open(p), Some(reply)) => {
+                state.open(&myself, p, reply).await
+            }
+            TerminalsMsg::Request(TerminalRequest::Open(_), None) => {}
+            TerminalsMsg::Request(request, reply) => state.forward(request, reply),
+            TerminalsMsg::Reconnected => {
+                for e in state.terminals.values() {
+                    let _ = e.actor.send_message(TerminalMsg::Reconnected);
+                }
+            }
+            TerminalsMsg::Gone { terminal_id, actor } => {
+                if state
+                    .terminals
+                    .get(&terminal_id)
+                    .is_some_and(|e| e.actor.get_id() == actor)
+                {
+                    state.terminals.remove(&terminal_id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A terminal ended: forget it. ractor's default would stop this
+    /// supervisor (and every other terminal) with it.
+    async fn handle_supervisor_evt(
+        &self,
+        _myself: ActorRef<TerminalsMsg>,
+        event: SupervisionEvent,
+        state: &mut TerminalsState,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorTerminated(cell, ..) => {
+                state.remove_actor(cell.get_id());
+            }
+            SupervisionEvent::ActorFailed(cell, err) => {
+                tracing::warn!(error = %err, "terminal actor failed");
+                if let Some(e) = state.remove_actor(cell.get_id()) {
+                    // Its post_stop may not have run: kill the tree here.
+                    tokio::task::spawn_blocking(move || {
+                        crate::process::sys::kill_scope(None, &e.scope)
+                    });
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,6 @@
+//! Benchmarks run by `bmx bench`: each measures the raw baseline in the
+//! same run and reports the ratio.
+
+pub mod buffering;
+pub mod peer;
+pub mod scale;

@@ -1,0 +1,179 @@
+//! `bmx bench scale`: many sessions with live processes on one executor:
+//! the executor's memory per session and per process, and the time to
+//! assign, start and stop them all.
+//!
+//! Each process is `sleep` with stderr merged into stdout, so it costs the
+//! executor one pipe descriptor (two with separate stderr): 10 000
+//! processes need `ulimit -n` above 10 000 (the executor raises its soft
+//! limit to the hard one at start).
+
+use super::peer::BenchPeer;
+use crate::executor::{Executor, ExecutorConfig, TokenSource};
+use crate::wire::types::*;
+use crate::wire::{Endpoint, Link, Method, Subprotocol};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleReport {
+    pub sessions: usize,
+    pub processes_per_session: usize,
+    pub baseline_rss_bytes: u64,
+    pub after_sessions_rss_bytes: u64,
+    pub after_processes_rss_bytes: u64,
+    pub rss_per_session_bytes: f64,
+    pub rss_per_process_bytes: f64,
+    pub assign_secs: f64,
+    pub start_processes_secs: f64,
+    pub stop_secs: f64,
+    pub leftover_processes: usize,
+}
+
+/// Resident set size of this process.
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+async fn in_batches<F, Fut>(count: usize, batch: usize, f: F) -> Result<(), String>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut i = 0;
+    while i < count {
+        let end = (i + batch).min(count);
+        let results = futures_util::future::join_all((i..end).map(&f)).await;
+        results.into_iter().collect::<Result<Vec<()>, String>>()?;
+        i = end;
+    }
+    Ok(())
+}
+
+async fn req<P: Serialize, R: serde::de::DeserializeOwned>(
+    link: &Link,
+    m: Method,
+    p: &P,
+) -> Result<R, String> {
+    link.request(m, p, Duration::from_secs(120))
+        .await
+        .map_err(|e| format!("{m}: {e}"))
+}
+
+pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, String> {
+    crate::process::sys::raise_nofile_limit();
+    let mut peer = BenchPeer::start(Subprotocol::ALL[0])
+        .await
+        .map_err(|e| e.to_string())?;
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut config = ExecutorConfig::new(
+        Endpoint::parse(&peer.url).map_err(|e| e.to_string())?,
+        TokenSource::Static(peer.token.clone()),
+    );
+    config.work_root = work.path().to_path_buf();
+    config.max_sessions = sessions as u32 + 1;
+    config.max_processes_per_session = per_session.max(1) as u32;
+    config.request_timeout = Duration::from_secs(120);
+    let executor = Executor::start(config).await.map_err(|e| e.to_string())?;
+    let link = peer.link().await.ok_or("no connection")?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let baseline = rss_bytes();
+    let started = Instant::now();
+    in_batches(sessions, 64, |i| {
+        let link = link.clone();
+        async move {
+            let p = AssignParams {
+                session_id: format!("s{i}"),
+                work_id: format!("w{i}"),
+                agent_id: None,
+                environment_id: None,
+                lease: LeaseGrant {
+                    token: "t".into(),
+                    fencing_token: 1,
+                },
+                deadline_ms: None,
+                mcp_servers: vec![],
+                metadata: Default::default(),
+                resources: vec![],
+            };
+            req::<_, AssignResult>(&link, Method::SessionAssign, &p)
+                .await
+                .map(|_| ())
+        }
+    })
+    .await?;
+    let assign_secs = started.elapsed().as_secs_f64();
+    let after_sessions = rss_bytes();
+    let started = Instant::now();
+    in_batches(sessions * per_session, 32, |n| {
+        let link = link.clone();
+        async move {
+            let p = ProcessStartParams {
+                session_id: format!("s{}", n / per_session),
+                process_id: format!("p{}", n % per_session),
+                argv: vec!["sleep".into(), "3600".into()],
+                cwd: None,
+                env: None,
+                stdin: StdinMode::Closed,
+                stderr: StderrMode::Merge,
+                io_mode: IoMode::Pipe,
+                timeout_ms: None,
+                wait_ms: None,
+                metadata: None,
+                cols: None,
+                rows: None,
+            };
+            let st: ProcessState = req(&link, Method::ProcessStart, &p).await?;
+            match st.state {
+                ProcState::Running => Ok(()),
+                other => Err(format!("process {n}: {other:?} {:?}", st.message)),
+            }
+        }
+    })
+    .await?;
+    let start_processes_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after_processes = rss_bytes();
+    let started = Instant::now();
+    in_batches(sessions, 64, |i| {
+        let link = link.clone();
+        async move {
+            let p = StopParams {
+                session_id: format!("s{i}"),
+                reason: "bench".into(),
+                deadline_ms: Some(5_000),
+                keep_workspace: false,
+            };
+            req::<_, StopResult>(&link, Method::SessionStop, &p)
+                .await
+                .map(|_| ())
+        }
+    })
+    .await?;
+    let stop_secs = started.elapsed().as_secs_f64();
+    let scope = format!("{}/", executor.shared().instance);
+    let leftover = crate::process::sys::pids_in_scope(&scope).len();
+    executor.shutdown().await;
+    let procs = (sessions * per_session).max(1) as f64;
+    Ok(ScaleReport {
+        sessions,
+        processes_per_session: per_session,
+        baseline_rss_bytes: baseline,
+        after_sessions_rss_bytes: after_sessions,
+        after_processes_rss_bytes: after_processes,
+        rss_per_session_bytes: after_sessions.saturating_sub(baseline) as f64
+            / sessions.max(1) as f64,
+        rss_per_process_bytes: after_processes.saturating_sub(after_sessions) as f64 / procs,
+        assign_secs,
+        start_processes_secs,
+        stop_secs,
+        leftover_processes: leftover,
+    })
+}
