@@ -498,6 +498,7 @@ async fn host_attach_streams_binary_frames_both_ways() {
     let server = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await.unwrap();
         let mut auth = None;
+        #[allow(clippy::result_large_err)]
         let ws = tokio_tungstenite::accept_hdr_async(tcp, |req: &http::Request<()>, resp| {
             auth = req
                 .headers()

@@ -352,7 +352,9 @@ impl Session {
             .clone()
             .unwrap_or_else(|| format!("t-{}", uuid::Uuid::new_v4().simple()));
         if tool_call_id.is_empty() || tool_call_id.len() > 256 {
-            return Err(ApiError::bad_request("toolCallId must be 1 to 256 characters"));
+            return Err(ApiError::bad_request(
+                "toolCallId must be 1 to 256 characters",
+            ));
         }
         let (wtx, mut wrx) = oneshot::channel();
         let (sid, tid) = (self.id.clone(), tool_call_id.clone());

@@ -370,6 +370,30 @@ pub fn set_nonblocking(fd: &impl std::os::fd::AsFd) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Raise the soft open-file limit to the hard one.
+pub fn raise_nofile_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read the local struct only.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// Watch an owned descriptor for readiness in the tokio reactor.
+pub fn async_fd(
+    fd: std::os::fd::OwnedFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
+    // SAFETY: the OwnedFd is moved into the AsyncFd, so the descriptor stays
+    // open and refers to the same file description for the AsyncFd's life.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,28 +445,4 @@ mod tests {
         // The orphan is gone (or a zombie about to be reaped by its parent).
         assert!(!matches!(stat(orphan), Some((_, s)) if s != 'Z'));
     }
-}
-
-/// Raise the soft open-file limit to the hard one.
-pub fn raise_nofile_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit write/read the local struct only.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
-/// Watch an owned descriptor for readiness in the tokio reactor.
-pub fn async_fd(
-    fd: std::os::fd::OwnedFd,
-) -> std::io::Result<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>> {
-    // SAFETY: the OwnedFd is moved into the AsyncFd, so the descriptor stays
-    // open and refers to the same file description for the AsyncFd's life.
-    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }

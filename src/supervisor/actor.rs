@@ -293,13 +293,11 @@ impl Supervisor {
         tracing::debug!(child = %id, ?exit, "child exited");
         if !restart.restarts_after(&exit) {
             let significant = child.spec.significant;
-            if restart == Restart::Temporary
-                || matches!(exit, Exit::Normal) && restart == Restart::Transient
-            {
-                if !significant {
-                    state.children.remove(idx);
-                    return Ok(());
-                }
+            let done = restart == Restart::Temporary
+                || matches!(exit, Exit::Normal) && restart == Restart::Transient;
+            if done && !significant {
+                state.children.remove(idx);
+                return Ok(());
             }
             if significant {
                 return self

@@ -120,8 +120,10 @@ impl ErrorData {
 pub struct RpcError {
     pub code: i32,
     pub message: String,
+    /// Boxed: errors travel in `Result`s everywhere, and an unboxed
+    /// `ErrorData` would make every `Err` several times larger than `Ok`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<ErrorData>,
+    pub data: Option<Box<ErrorData>>,
 }
 
 impl RpcError {
@@ -144,7 +146,7 @@ impl RpcError {
     }
 
     fn data_mut(&mut self) -> &mut ErrorData {
-        self.data.get_or_insert_with(ErrorData::default)
+        self.data.get_or_insert_with(Box::default)
     }
 
     pub fn with_reason(mut self, reason: impl Into<String>) -> Self {

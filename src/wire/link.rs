@@ -350,19 +350,16 @@ async fn write_loop(
         }
         // Batch: flush only when nothing else is queued.
         let mut failed = false;
-        while !is_close {
-            match rx.try_recv() {
-                Ok(more) => {
-                    let close = matches!(more, Message::Close(_));
-                    if sink.feed(more).await.is_err() {
-                        failed = true;
-                        break;
-                    }
-                    if close {
-                        break;
-                    }
+        if !is_close {
+            while let Ok(more) = rx.try_recv() {
+                let close = matches!(more, Message::Close(_));
+                if sink.feed(more).await.is_err() {
+                    failed = true;
+                    break;
                 }
-                Err(_) => break,
+                if close {
+                    break;
+                }
             }
         }
         if failed || sink.flush().await.is_err() {

@@ -238,6 +238,8 @@ where
     A: FnOnce(Option<&str>) -> Option<String> + Send + Unpin,
 {
     let mut outcome: Result<(Subprotocol, String), AcceptError> = Err(AcceptError::Unauthorized);
+    // The callback's error type is tungstenite's, whatever its size.
+    #[allow(clippy::result_large_err)]
     let callback = |req: &Request, mut resp: Response| -> Result<Response, ErrorResponse> {
         if req.uri().path() != CONNECT_PATH {
             outcome = Err(AcceptError::NotFound);

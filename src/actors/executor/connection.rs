@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 pub enum ConnMsg {
     /// Time to send a heartbeat.
@@ -167,10 +168,13 @@ impl Actor for Connection {
         myself: ActorRef<ConnMsg>,
         shared: Arc<Shared>,
     ) -> Result<ConnState, ActorProcessingErr> {
+        // `instrument`, not `enter`: a span entered across an await leaks
+        // into whatever else runs on this thread meanwhile.
         let span = tracing::info_span!("connection", url = ?shared.config.endpoint);
-        let _g = span.enter();
-        let (link, closed_rx, registration) =
-            Self::connect(&myself, &shared).await.map_err(|e| {
+        let (link, closed_rx, registration) = Self::connect(&myself, &shared)
+            .instrument(span)
+            .await
+            .map_err(|e| {
                 tracing::warn!(error = %e, "connect failed");
                 ActorProcessingErr::from(e)
             })?;

@@ -588,15 +588,24 @@ impl Actor for ProcessActor {
             ProcessMsg::Write(p, reply) => {
                 let limit = state.shared.limits().process_write_bytes();
                 if p.data.len() as u64 > limit {
-                    return Ok(reply.err(RpcError::payload_too_large(format!(
-                        "maxProcessWriteBytes is {limit}"
-                    ))));
+                    {
+                        reply.err(RpcError::payload_too_large(format!(
+                            "maxProcessWriteBytes is {limit}"
+                        )));
+                        return Ok(());
+                    }
                 }
                 let Some(tx) = state.stdin.as_ref() else {
-                    return Ok(reply.err(RpcError::conflict("stdin_closed", "stdin is closed")));
+                    {
+                        reply.err(RpcError::conflict("stdin_closed", "stdin is closed"));
+                        return Ok(());
+                    }
                 };
                 if !p.data.is_empty() && tx.try_send(StdinOp::Data(p.data.0)).is_err() {
-                    return Ok(reply.err(RpcError::resource_unavailable("stdin queue is full")));
+                    {
+                        reply.err(RpcError::resource_unavailable("stdin queue is full"));
+                        return Ok(());
+                    }
                 }
                 if p.close_stdin {
                     let _ = tx.try_send(StdinOp::Close);

@@ -100,7 +100,7 @@ impl Dispatch for ExecutorRouter {
                 match self.shared.sessions_actor() {
                     Some(s) => {
                         if let Err(ractor::MessagingErr::SendErr(SessionsMsg::Assign(_, r))) =
-                            s.send_message(SessionsMsg::Assign(p, r))
+                            s.send_message(SessionsMsg::Assign(Box::new(p), r))
                         {
                             r.err(RpcError::internal("sessions supervisor unavailable"));
                         }

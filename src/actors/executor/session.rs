@@ -314,9 +314,7 @@ impl Session {
             return;
         }
         state.stopping = true;
-        let span = tracing::info_span!("session", session = %state.id);
-        let _g = span.enter();
-        tracing::info!(%reason, "stopping session");
+        tracing::info!(session = %state.id, %reason, "stopping session");
         state.status(SessionStatus::Stopping, Some(reason.clone()));
         for t in state.tools.values() {
             let _ = t.send_message(ToolMsg::Cancel("session_stopped".into()));
@@ -435,7 +433,10 @@ impl Actor for Session {
         match msg {
             SessionMsg::Request(req, reply) => {
                 if state.stopping {
-                    return Ok(reply.err(RpcError::session_not_active(&state.id)));
+                    {
+                        reply.err(RpcError::session_not_active(&state.id));
+                        return Ok(());
+                    }
                 }
                 self.request(&myself, state, req, reply).await;
             }

@@ -18,9 +18,10 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 pub enum SessionsMsg {
-    Assign(AssignParams, Responder),
+    Assign(Box<AssignParams>, Responder),
     /// A register succeeded (first or resumed).
     Registered {
         lease_ttl_ms: u64,
@@ -132,8 +133,6 @@ impl Sessions {
         p: AssignParams,
         reply: Responder,
     ) {
-        let span = tracing::info_span!("session", session = %p.session_id);
-        let _g = span.enter();
         let accepted = AssignResult {
             accepted: true,
             session_id: p.session_id.clone(),
@@ -292,7 +291,12 @@ impl Actor for Sessions {
         state: &mut SessionsState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            SessionsMsg::Assign(p, reply) => self.assign(&myself, state, p, reply).await,
+            SessionsMsg::Assign(p, reply) => {
+                let span = tracing::info_span!("session", session = %p.session_id);
+                self.assign(&myself, state, *p, reply)
+                    .instrument(span)
+                    .await
+            }
             SessionsMsg::Registered { lease_ttl_ms } => {
                 let now = state.now();
                 state.clock.on_registered(now, lease_ttl_ms);
