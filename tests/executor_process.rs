@@ -683,3 +683,81 @@ async fn cwd_outside_the_workspace_and_denied_env_are_forbidden() {
         .ends_with("/sessions/s/sub"));
     rig.shutdown().await;
 }
+
+/// The daemon path: `bmx executor` is the child subreaper, so a `setsid`
+/// escapee comes back to it and is killed and reaped when the session ends.
+#[tokio::test]
+async fn the_daemon_kills_setsid_escapees_on_session_stop() {
+    let mut s = stand_in(Options::default()).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
+        .args(["executor", "--url", &s.url, "--token", TOKEN, "--work-root"])
+        .arg(work.path())
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut conn = s.next_conn().await;
+    conn.register(10_000, 30_000).await;
+    let (served, _e) = conn.serve();
+    let _: AssignResult = served
+        .call(Method::SessionAssign, &assign_params("d", 1))
+        .await
+        .unwrap();
+    let tag = format!("34{}", std::process::id() % 10_000);
+    // The shell exits at once: the setsid sleep is orphaned to the daemon.
+    let script = format!("setsid sleep {tag}.1 & exit 0");
+    let _: ProcessState = served
+        .call(
+            Method::ProcessStart,
+            &ProcessStartParams {
+                wait_ms: Some(5_000),
+                ..start_params("d", "p", &["sh", "-c", &script])
+            },
+        )
+        .await
+        .unwrap();
+    eventually("escapee gone with its process", || {
+        pids_with_arg(&format!("sleep {tag}.")).is_empty()
+    })
+    .await;
+    let script = format!("setsid sleep {tag}.2 & sleep {tag}.3");
+    let _: ProcessState = served
+        .call(
+            Method::ProcessStart,
+            &start_params("d", "q", &["sh", "-c", &script]),
+        )
+        .await
+        .unwrap();
+    eventually("two sleeps", || {
+        pids_with_arg(&format!("sleep {tag}.")).len() == 2
+    })
+    .await;
+    let _: StopResult = served
+        .call(
+            Method::SessionStop,
+            &StopParams {
+                session_id: "d".into(),
+                reason: "done".into(),
+                deadline_ms: Some(1_000),
+                keep_workspace: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        pids_with_arg(&format!("sleep {tag}.")).is_empty(),
+        "no orphans"
+    );
+    let pid = child.id().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(WAIT, child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -80,8 +80,23 @@ pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, Str
     config.work_root = work.path().to_path_buf();
     config.max_sessions = sessions as u32 + 1;
     config.max_processes_per_session = per_session.max(1) as u32;
+    // `bmx bench` owns every child it starts, like the daemon: be their
+    // subreaper, so killing a tree reads only this process's own children.
+    config.subreaper = true;
     config.request_timeout = Duration::from_secs(120);
     let executor = Executor::start(config).await.map_err(|e| e.to_string())?;
+    let result = measure(&mut peer, &executor, sessions, per_session).await;
+    // Whatever happened, end every session: no sleep outlives the bench.
+    executor.shutdown().await;
+    result
+}
+
+async fn measure(
+    peer: &mut BenchPeer,
+    executor: &crate::executor::ExecutorHandle,
+    sessions: usize,
+    per_session: usize,
+) -> Result<ScaleReport, String> {
     let link = peer.link().await.ok_or("no connection")?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let baseline = rss_bytes();
@@ -160,7 +175,6 @@ pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, Str
     let stop_secs = started.elapsed().as_secs_f64();
     let scope = format!("{}/", executor.shared().instance);
     let leftover = crate::process::sys::pids_in_scope(&scope).len();
-    executor.shutdown().await;
     let procs = (sessions * per_session).max(1) as f64;
     Ok(ScaleReport {
         sessions,

@@ -27,6 +27,9 @@ pub enum BenchCommand {
         /// maxBytes of each process.read in the e2e rows.
         #[arg(long, default_value_t = 1 << 20)]
         read_bytes: u64,
+        /// Runs per row (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
         /// Print one JSON object instead of the table.
         #[arg(long)]
         json: bool,
@@ -60,6 +63,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             pty_bytes,
             codec,
             read_bytes,
+            runs,
             json,
         } => {
             let codecs = match codec {
@@ -70,6 +74,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             let opts = buffering::BufferingOptions {
                 bytes,
                 read_bytes,
+                runs,
                 pty_bytes: pty_bytes.min(bytes),
                 codecs,
             };

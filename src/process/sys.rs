@@ -126,11 +126,17 @@ fn stat(pid: i32) -> Option<(i32, char)> {
     Some((ppid, state))
 }
 
+/// Zombie children of `parent` that it adopted (its thread-group leader's
+/// children list): cheap, unlike a walk of every process on the host.
 fn zombie_children(parent: i32) -> Vec<i32> {
-    proc_pids()
-        .into_iter()
-        .filter(|&p| matches!(stat(p), Some((pp, 'Z')) if pp == parent))
-        .collect()
+    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .filter(|&p| matches!(stat(p), Some((pp, 'Z')) if pp == parent))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Pids whose environment carries `BMX_SCOPE` starting with `prefix`.
@@ -281,8 +287,19 @@ pub fn orphans_in_scope(scope: &str) -> Vec<i32> {
         .unwrap_or_else(|p| p.into_inner())
         .clone()
         .unwrap_or_default();
+    // The kernel re-parents orphans to the subreaper's thread-group leader
+    // (while it lives): read only its children list. Children spawned from
+    // worker threads are listed under those threads and are ours anyway;
+    // reading every thread's list made each kill O(threads + children).
+    let adopted = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_else(|_| children_of(me));
     let mut out = Vec::new();
-    for c in children_of(me) {
+    for c in adopted {
         if owned.contains(&c) || !has_scope(c, needle.as_bytes()) {
             continue;
         }
@@ -370,15 +387,28 @@ pub fn set_nonblocking(fd: &impl std::os::fd::AsFd) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Raise the soft open-file limit to the hard one.
+/// Raise the open-file limit: to the kernel's `nr_open` when this process
+/// may raise its hard limit (root), else the soft limit to the hard one.
+/// Each pipe-mode process holds one or two descriptors (plus tokio's pidfd).
 pub fn raise_nofile_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit write/read the local struct only.
+    // SAFETY: getrlimit/setrlimit read and write the local struct only.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return;
+        }
+        let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<libc::rlim_t>().ok())
+            .unwrap_or(lim.rlim_max);
+        let wanted = libc::rlimit {
+            rlim_cur: nr_open.max(lim.rlim_max),
+            rlim_max: nr_open.max(lim.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 && lim.rlim_cur < lim.rlim_max {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
