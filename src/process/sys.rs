@@ -415,6 +415,48 @@ pub fn raise_nofile_limit() {
     }
 }
 
+/// Give `cmd` a new PTY of `cols`×`rows` as stdin, stdout and stderr, and
+/// make the child the leader of a new session whose controlling terminal is
+/// that PTY (job control, SIGWINCH and hangup behave as in a real
+/// terminal). Returns the master, close-on-exec and non-blocking.
+pub fn attach_pty(
+    cmd: &mut tokio::process::Command,
+    cols: u16,
+    rows: u16,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::process::Stdio;
+    let size = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None)?;
+    let (master, slave) = (pty.master, pty.slave);
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    cmd.stdin(Stdio::from(slave.try_clone()?))
+        .stdout(Stdio::from(slave.try_clone()?))
+        .stderr(Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and
+    // exec: a new session whose controlling terminal is the PTY on fd 0.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    set_nonblocking(&master)?;
+    Ok(master)
+}
+
 /// Watch an owned descriptor for readiness in the tokio reactor.
 pub fn async_fd(
     fd: std::os::fd::OwnedFd,

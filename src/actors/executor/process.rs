@@ -324,37 +324,8 @@ fn spawn(
             stdout_r = out_r;
         }
         IoMode::Pty => {
-            let size = nix::pty::Winsize {
-                ws_row: spec.rows.unwrap_or(24),
-                ws_col: spec.cols.unwrap_or(80),
-                ws_xpixel: 0,
-                ws_ypixel: 0,
-            };
-            let pty = nix::pty::openpty(Some(&size), None)?;
-            let master = pty.master;
-            let slave = pty.slave;
-            nix::fcntl::fcntl(
-                &master,
-                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-            )?;
-            cmd.stdin(Stdio::from(slave.try_clone()?))
-                .stdout(Stdio::from(slave.try_clone()?))
-                .stderr(Stdio::from(slave));
-            // SAFETY: only async-signal-safe calls (setsid, ioctl) between
-            // fork and exec: a new session whose controlling terminal is
-            // the PTY on fd 0.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::setsid() < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            sys::set_nonblocking(&master)?;
+            let master =
+                sys::attach_pty(&mut cmd, spec.cols.unwrap_or(80), spec.rows.unwrap_or(24))?;
             stdin_w = match spec.stdin {
                 StdinMode::Open => Some(master.try_clone()?),
                 StdinMode::Closed => None,

@@ -15,7 +15,6 @@ use crate::wire::types::TerminalOpenParams;
 use bytes::Bytes;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
@@ -113,36 +112,13 @@ pub fn spawn(
     cols: u16,
     rows: u16,
 ) -> std::io::Result<Spawned> {
-    let size = winsize(cols, rows);
-    let pty = nix::pty::openpty(Some(&size), None)?;
-    let (master, slave) = (pty.master, pty.slave);
-    nix::fcntl::fcntl(
-        &master,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
     let mut cmd = tokio::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .current_dir(cwd)
         .env_clear()
         .envs(env)
-        .kill_on_drop(false)
-        .stdin(Stdio::from(slave.try_clone()?))
-        .stdout(Stdio::from(slave.try_clone()?))
-        .stderr(Stdio::from(slave));
-    // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and
-    // exec: a new session whose controlling terminal is the PTY on fd 0.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    sys::set_nonblocking(&master)?;
+        .kill_on_drop(false);
+    let master = sys::attach_pty(&mut cmd, cols, rows)?;
     let child = sys::spawn_owned(|| {
         let child = cmd.spawn()?;
         let pid = child.id().unwrap_or(0);
