@@ -611,9 +611,7 @@ mod tests {
     use std::time::Instant as StdInstant;
 
     fn setup() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = fs::canonicalize(dir.path()).unwrap();
-        (dir, ws)
+        super::super::test_workspace()
     }
 
     async fn bash(ws: &Path, input: Value) -> ToolOutput {

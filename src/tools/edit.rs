@@ -129,9 +129,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn setup() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = fs::canonicalize(dir.path()).unwrap();
-        (dir, ws)
+        super::super::test_workspace()
     }
 
     async fn edit(ws: &Path, path: &str, old: &str, new: &str) -> ToolOutput {

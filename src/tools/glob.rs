@@ -185,9 +185,7 @@ mod tests {
     use std::time::Duration;
 
     fn setup() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = fs::canonicalize(dir.path()).unwrap();
-        (dir, ws)
+        super::super::test_workspace()
     }
 
     async fn glob(ws: &Path, input: Value) -> ToolOutput {

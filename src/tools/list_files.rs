@@ -112,9 +112,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn setup() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = fs::canonicalize(dir.path()).unwrap();
-        (dir, ws)
+        super::super::test_workspace()
     }
 
     async fn ls(ws: &Path, input: Value) -> ToolOutput {

@@ -317,6 +317,14 @@ where
     })
 }
 
+/// A canonical temporary workspace for the tools' unit tests.
+#[cfg(test)]
+pub(crate) fn test_workspace() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ws = std::fs::canonicalize(dir.path()).expect("canonical tempdir");
+    (dir, ws)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

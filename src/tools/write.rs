@@ -122,9 +122,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn setup() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let ws = fs::canonicalize(dir.path()).unwrap();
-        (dir, ws)
+        super::super::test_workspace()
     }
 
     async fn write(ws: &Path, input: Value) -> ToolOutput {

@@ -279,7 +279,6 @@ fn build_env(
 }
 
 fn spawn(
-    shared: &Shared,
     spec: &ProcessStartParams,
     cwd: PathBuf,
     env: Vec<(String, String)>,
@@ -290,7 +289,6 @@ fn spawn(
         .env_clear()
         .envs(env)
         .kill_on_drop(false);
-    let _ = shared;
     let (stdout_r, stderr_r, stdin_w);
     match spec.io_mode {
         IoMode::Pipe => {
@@ -462,8 +460,7 @@ impl Actor for ProcessActor {
             .and_then(|cwd| {
                 let env =
                     build_env(&args.shared, &state.spec, &state.scope).map_err(|e| e.message)?;
-                spawn(&args.shared, &state.spec, cwd, env)
-                    .map_err(|e| format!("{}: {e}", state.spec.argv[0]))
+                spawn(&state.spec, cwd, env).map_err(|e| format!("{}: {e}", state.spec.argv[0]))
             });
         match spawned {
             Ok(s) => {
@@ -711,7 +708,9 @@ async fn read_task(
         let closed = buf.closed.load(Ordering::SeqCst);
         let snapshot = status.borrow_and_update().clone();
         let mut data = Vec::new();
-        let (span, end) = {
+        // One lock: the span, the end and the earliest cursor are one
+        // consistent snapshot of the ring.
+        let (span, end, earliest) = {
             let Ok(ring) = buf.ring.lock() else {
                 return reply.err(RpcError::internal("output buffer poisoned"));
             };
@@ -719,21 +718,20 @@ async fn read_task(
             let ready = ring.end().saturating_sub(p.cursor.max(ring.earliest()));
             data.reserve_exact((ready as usize).min(max));
             match ring.read_into(p.cursor, max, &mut data) {
-                Ok(span) => (span, ring.end()),
+                Ok(span) => (span, ring.end(), ring.earliest()),
                 Err(e) => return reply.err(RpcError::invalid_params(e.to_string())),
             }
         };
         let eof = snapshot.state.is_final() && closed && span.next == end;
         let timed_out = tokio::time::Instant::now() >= deadline;
         if !data.is_empty() || eof || timed_out {
-            let earliest = buf.ring.lock().map(|r| r.earliest()).unwrap_or(0);
             return reply.ok(&ProcessReadResult {
                 process_id: p.process_id,
                 stream: p.stream,
                 data: Blob(Bytes::from(data)),
                 from_cursor: span.from,
                 next_cursor: span.next,
-                earliest_cursor: earliest.max(span.from.min(earliest)),
+                earliest_cursor: earliest,
                 gap: span.gap,
                 truncated: span.truncated,
                 eof,
