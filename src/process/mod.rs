@@ -1,5 +1,6 @@
 //! Processes: the output ring (sans-IO) and the OS plumbing the executor's
 //! process actor uses.
 
+pub mod region;
 pub mod ring;
 pub mod sys;

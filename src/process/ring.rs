@@ -18,10 +18,15 @@
 //! front of the buffer and growing is a plain `Vec` resize; wrapping only
 //! starts once the buffer has reached `capacity`.
 //!
+//! Rings of at least [`MAPPED_MIN`] bytes skip the doubling: they reserve
+//! their whole capacity as one lazily committed mapping (see
+//! [`super::region`] for why and the figures).
+//!
 //! # Panics
 //!
 //! None of the methods panic on any input; clamps are documented per method.
 
+use super::region::{Region, MAPPED_MIN};
 use std::fmt;
 
 /// Default per-stream capacity required by the protocol (1 MiB).
@@ -38,7 +43,7 @@ pub struct OutputRing {
     /// Physical storage. Its length is the allocated size, which grows lazily
     /// up to `cap`. Invariant: if `buf.len() < cap` then `head == 0` and the
     /// data is `buf[..len]` (nothing was dropped, so nothing wraps).
-    buf: Vec<u8>,
+    buf: Storage,
     /// Logical capacity, >= 1.
     cap: usize,
     /// Physical index of the byte at cursor `earliest()`.
@@ -87,6 +92,78 @@ impl fmt::Display for CursorError {
 
 impl std::error::Error for CursorError {}
 
+/// Where a ring's bytes live: a `Vec` grown by doubling (small rings), or a
+/// mapping of the full capacity committed page by page as it is written.
+enum Storage {
+    Heap(Vec<u8>),
+    Mapped(Region),
+}
+
+impl Storage {
+    fn new(capacity: usize) -> Storage {
+        if capacity >= MAPPED_MIN {
+            if let Some(r) = Region::new(capacity) {
+                return Storage::Mapped(r);
+            }
+        }
+        Storage::Heap(Vec::new())
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Storage::Heap(v) => v.len(),
+            Storage::Mapped(r) => r.len(),
+        }
+    }
+
+    /// Grows a heap buffer to exactly `size` bytes; a mapping already spans
+    /// the capacity.
+    fn grow_to(&mut self, size: usize) {
+        if let Storage::Heap(v) = self {
+            if size > v.len() {
+                // Exact reservation: `Vec`'s own amortized growth could
+                // allocate up to twice `capacity`.
+                v.reserve_exact(size - v.len());
+                v.resize(size, 0);
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Storage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Heap(v) => v,
+            Storage::Mapped(r) => r.as_slice(),
+        }
+    }
+}
+
+impl std::ops::DerefMut for Storage {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Storage::Heap(v) => v,
+            Storage::Mapped(r) => r.as_mut_slice(),
+        }
+    }
+}
+
+impl Clone for Storage {
+    fn clone(&self) -> Storage {
+        match self {
+            Storage::Heap(v) => Storage::Heap(v.clone()),
+            Storage::Mapped(r) => match Region::new(r.len()) {
+                Some(mut copy) => {
+                    copy.as_mut_slice().copy_from_slice(r.as_slice());
+                    Storage::Mapped(copy)
+                }
+                None => Storage::Heap(r.as_slice().to_vec()),
+            },
+        }
+    }
+}
+
 impl Default for OutputRing {
     /// A ring of [`DEFAULT_CAPACITY`] bytes.
     fn default() -> Self {
@@ -112,9 +189,10 @@ impl OutputRing {
     /// `capacity` 0 is clamped to 1 (a ring must hold at least one byte for
     /// the cursor arithmetic to mean anything). Nothing is allocated yet.
     pub fn new(capacity: usize) -> Self {
+        let cap = capacity.max(1);
         Self {
-            buf: Vec::new(),
-            cap: capacity.max(1),
+            buf: Storage::new(cap),
+            cap,
             head: 0,
             len: 0,
             end: 0,
@@ -128,7 +206,9 @@ impl OutputRing {
     }
 
     /// Bytes of buffer currently allocated (grows lazily up to `capacity`);
-    /// useful for memory accounting.
+    /// useful for memory accounting. A mapped ring (capacity at least
+    /// [`MAPPED_MIN`]) reports its whole reservation: the kernel commits its
+    /// pages only as they are written.
     pub fn allocated(&self) -> usize {
         self.buf.len()
     }
@@ -236,6 +316,18 @@ impl OutputRing {
         max: usize,
         out: &mut Vec<u8>,
     ) -> Result<ReadSpan, CursorError> {
+        let (span, first, second) = self.slices(cursor, max)?;
+        out.reserve(first.len() + second.len());
+        out.extend_from_slice(first);
+        out.extend_from_slice(second);
+        Ok(span)
+    }
+
+    /// The bytes [`read_into`](Self::read_into) would append, in place: two
+    /// slices because the span may wrap around the physical end (the second
+    /// is empty when it does not). Lets a reader encode an answer straight
+    /// from the ring without copying the bytes first.
+    pub fn slices(&self, cursor: u64, max: usize) -> Result<(ReadSpan, &[u8], &[u8]), CursorError> {
         if cursor > self.end {
             return Err(CursorError::BeyondEnd {
                 cursor,
@@ -248,20 +340,21 @@ impl OutputRing {
         // Both fit in usize: they are bounded by `len`.
         let avail = (self.end - from) as usize;
         let take = avail.min(max);
-        if take > 0 {
+        let (first, second): (&[u8], &[u8]) = if take > 0 {
             let phys = self.buf.len();
             let p = (self.head + (from - earliest) as usize) % phys;
             let first = take.min(phys - p);
-            out.reserve(take);
-            out.extend_from_slice(&self.buf[p..p + first]);
-            out.extend_from_slice(&self.buf[..take - first]);
-        }
-        Ok(ReadSpan {
+            (&self.buf[p..p + first], &self.buf[..take - first])
+        } else {
+            (&[], &[])
+        };
+        let span = ReadSpan {
             from,
             next: from + take as u64,
             gap,
             truncated: avail > take,
-        })
+        };
+        Ok((span, first, second))
     }
 
     /// Makes sure the next `n` (> 0) bytes have room: while the buffer is
@@ -279,13 +372,7 @@ impl OutputRing {
     /// Grows the buffer to exactly `size` bytes (no-op if already there).
     /// Only called while `head == 0`, so the data stays in place.
     fn grow_to(&mut self, size: usize) {
-        let phys = self.buf.len();
-        if size > phys {
-            // Exact reservation: `Vec`'s own amortized growth could allocate
-            // up to twice `capacity`.
-            self.buf.reserve_exact(size - phys);
-            self.buf.resize(size, 0);
-        }
+        self.buf.grow_to(size);
     }
 
     /// Accounts for `n` bytes just stored after the current data, dropping
@@ -471,6 +558,43 @@ mod tests {
     }
 
     #[test]
+    fn a_mapped_ring_wraps_like_a_heap_ring() {
+        let cap = MAPPED_MIN + 3;
+        let mut mapped = OutputRing::new(cap);
+        assert!(matches!(mapped.buf, Storage::Mapped(_)));
+        let mut heap = OutputRing {
+            buf: Storage::Heap(Vec::new()),
+            ..OutputRing::new(1)
+        };
+        heap.cap = cap;
+        let mut n = 0u64;
+        // Slot-sized ingest across two wraps, with a pattern that shows
+        // any misplaced byte.
+        while n < 2 * cap as u64 + 12_345 {
+            for r in [&mut mapped, &mut heap] {
+                let slot = r.write_slot(65_536);
+                let len = slot.len().min(40_000);
+                for (i, b) in slot[..len].iter_mut().enumerate() {
+                    *b = ((n + i as u64) % 251) as u8;
+                }
+                r.commit(len);
+            }
+            n = mapped.end();
+            assert_eq!(n, heap.end());
+        }
+        assert_eq!(mapped.earliest(), heap.earliest());
+        let (a, b) = (read_all(&mapped, 0), read_all(&heap, 0));
+        assert_eq!(a, b);
+        assert!(a
+            .1
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| { b == ((mapped.earliest() + i as u64) % 251) as u8 }));
+        let copy = mapped.clone();
+        assert_eq!(read_all(&copy, 0), a);
+    }
+
+    #[test]
     fn growth_is_lazy_geometric_and_bounded() {
         let mut r = OutputRing::new(100_000);
         r.write(b"x");
@@ -479,10 +603,10 @@ mod tests {
         assert_eq!(r.allocated(), 2 * MIN_GROWTH);
         r.write(&[2; 200_000]);
         assert_eq!(r.allocated(), 100_000);
-        assert!(
-            r.buf.capacity() <= 100_000,
-            "no over-allocation past capacity"
-        );
+        let Storage::Heap(v) = &r.buf else {
+            panic!("a small ring lives on the heap")
+        };
+        assert!(v.capacity() <= 100_000, "no over-allocation past capacity");
         let s = r.write_slot(1 << 30);
         assert!(s.len() <= 100_000);
     }

@@ -6,6 +6,7 @@
 
 use bytes::Bytes;
 use serde::de::{Error as _, Visitor};
+use serde::ser::SerializeStruct as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
@@ -58,10 +59,44 @@ pub fn base64_decode(text: &str) -> Result<Vec<u8>, base64_simd::Error> {
 
 impl Serialize for Blob {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        BlobRef(&self.0).serialize(serializer)
+    }
+}
+
+/// A borrowed byte payload, serialized exactly like [`Blob`]: lets an
+/// answer be encoded straight from the bytes where they already are (a
+/// process's output ring) instead of from a copy made for the occasion.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BlobRef<'a>(pub &'a [u8]);
+
+impl fmt::Debug for BlobRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlobRef({} bytes)", self.0.len())
+    }
+}
+
+/// serde_json's marker for a value written out verbatim (what
+/// `serde_json::value::RawValue` serializes as).
+const RAW_JSON: &str = "$serde_json::private::RawValue";
+
+impl Serialize for BlobRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         if serializer.is_human_readable() {
-            serializer.serialize_str(&base64_encode(&self.0))
+            // Base64 never needs JSON escaping, yet `serialize_str` would
+            // scan every byte of it for characters to escape: the largest
+            // cost of a JSON `process.read` answer. Hand serde_json the
+            // finished string literal instead, the way its own `RawValue`
+            // serializes (the `blob_is_a_plain_base64_string` test pins
+            // the output, so a serde_json that changed this would fail it).
+            let mut literal = String::with_capacity(self.0.len().div_ceil(3) * 4 + 2);
+            literal.push('"');
+            base64_simd::STANDARD.encode_append(self.0, &mut literal);
+            literal.push('"');
+            let mut raw = serializer.serialize_struct(RAW_JSON, 1)?;
+            raw.serialize_field(RAW_JSON, &literal)?;
+            raw.end()
         } else {
-            serializer.serialize_bytes(&self.0)
+            serializer.serialize_bytes(self.0)
         }
     }
 }
@@ -131,5 +166,26 @@ mod tests {
         assert_eq!(back, b);
         assert!(serde_json::from_str::<Blob>("\"%%%\"").is_err());
         assert!(serde_json::from_str::<Blob>("[1,2]").is_err());
+    }
+
+    #[test]
+    fn blob_is_a_plain_base64_string() {
+        let b = Blob::from(vec![0u8, 1, 2, 255, 9]);
+        // Inside a larger value, through every JSON path bmx uses.
+        let v = serde_json::json!({"a": 1});
+        let wrapped = (&v, &b, BlobRef(b"hi"));
+        assert_eq!(
+            serde_json::to_string(&wrapped).unwrap(),
+            r#"[{"a":1},"AAEC/wk=","aGk="]"#
+        );
+        assert_eq!(
+            String::from_utf8(serde_json::to_vec_pretty(&b).unwrap()).unwrap(),
+            "\"AAEC/wk=\""
+        );
+        assert_eq!(
+            serde_json::to_value(&b).unwrap(),
+            serde_json::Value::String("AAEC/wk=".into())
+        );
+        assert_eq!(serde_json::to_string(&Blob::default()).unwrap(), "\"\"");
     }
 }

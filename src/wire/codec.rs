@@ -37,6 +37,35 @@ impl Codec {
         })
     }
 
+    /// Like [`encode`](Self::encode), into a buffer sized up front for a
+    /// frame carrying about `payload` raw bytes (base64 grows them by 4/3
+    /// in JSON). Why: a large answer encoded into an empty `Vec` is copied
+    /// again at every doubling, and each new allocation faults in fresh
+    /// pages.
+    pub fn encode_sized<T: Serialize + ?Sized>(
+        self,
+        value: &T,
+        payload: usize,
+    ) -> Result<Message, CodecError> {
+        let envelope = 512;
+        Ok(match self {
+            Codec::Json => {
+                let mut out = Vec::with_capacity(payload / 3 * 4 + 4 + envelope);
+                serde_json::to_writer(&mut out, value)?;
+                // SAFETY: serde_json writes valid UTF-8 only (its own
+                // `to_string` relies on the same); skipping the check saves
+                // a pass over a megabyte-sized answer.
+                let text = unsafe { String::from_utf8_unchecked(out) };
+                Message::Text(text.into())
+            }
+            Codec::MsgPack => {
+                let mut out = Vec::with_capacity(payload + envelope);
+                rmp_serde::encode::write_named(&mut out, value)?;
+                Message::Binary(out.into())
+            }
+        })
+    }
+
     /// Decode a value from a frame's payload bytes.
     pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, CodecError> {
         Ok(match self {

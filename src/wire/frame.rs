@@ -117,9 +117,46 @@ struct WithResult<R> {
     result: R,
 }
 
+/// JSON frames at least this large are first tried with
+/// [`json_response_id`].
+const FAST_RESPONSE_MIN: usize = 16 << 10;
+
+/// The id of a large JSON response laid out the way bmx writes them
+/// (`{"jsonrpc":"2.0","id":"<id>","result":…`), read from its first bytes.
+///
+/// Why: the two-step decode reads a frame twice, once for the envelope and
+/// once for the typed result. For a `process.read` answer in JSON, most of
+/// the frame is one base64 string, and serde_json has to scan all of it
+/// both times (to find where `result` ends, then to decode it). This skips
+/// the first scan. It is safe because nothing is lost: `result()` still
+/// parses the whole frame, so malformed JSON still fails, there, as the
+/// caller's decode error (no answer is ever sent to a response). The one
+/// difference: a response with both `result` and `error` counts as a result.
+/// Anything else (an escaped id, other member order, a number id) takes the
+/// full path.
+fn json_response_id(bytes: &[u8]) -> Option<Id> {
+    let rest = bytes.strip_prefix(br#"{"jsonrpc":"2.0","id":""#)?;
+    let end = rest.iter().take(256).position(|&b| b == b'"')?;
+    let id = &rest[..end];
+    if id.iter().any(|&b| b == b'\\' || b < 0x20) {
+        return None;
+    }
+    rest[end + 1..].strip_prefix(br#","result":"#)?;
+    if bytes.last() != Some(&b'}') {
+        return None;
+    }
+    Some(Id::Str(std::str::from_utf8(id).ok()?.to_owned()))
+}
+
 impl Inbound {
     /// Decode the envelope of one frame.
     pub fn parse(codec: Codec, bytes: Bytes) -> Result<Inbound, FrameError> {
+        if codec == Codec::Json && bytes.len() >= FAST_RESPONSE_MIN {
+            if let Some(id) = json_response_id(&bytes) {
+                let kind = FrameKind::Response { id };
+                return Ok(Inbound { codec, kind, bytes });
+            }
+        }
         let head: RawHead = codec.decode(&bytes)?;
         let kind = match (head.method, head.id, head.result.0, head.error) {
             (Some(method), Some(id), false, None) => FrameKind::Request { id, method },
@@ -270,6 +307,44 @@ mod tests {
         for f in both(bad) {
             let e = f.params::<ProcessReadParams>().unwrap_err();
             assert_eq!(e.code, -32602);
+        }
+    }
+
+    #[test]
+    fn large_json_responses_skip_the_envelope_scan_and_stay_checked() {
+        let big = "A".repeat(FAST_RESPONSE_MIN);
+        let frame = format!(r#"{{"jsonrpc":"2.0","id":"r-7","result":{{"data":"{big}"}}}}"#);
+        let f = Inbound::parse(Codec::Json, Bytes::from(frame.clone())).unwrap();
+        assert_eq!(
+            f.kind,
+            FrameKind::Response {
+                id: Id::Str("r-7".into())
+            }
+        );
+        let v: serde_json::Value = f.result().unwrap();
+        assert_eq!(v["data"].as_str().unwrap().len(), big.len());
+        // Truncated: the fast path declines (no closing brace), the full
+        // parse reports -32700.
+        let cut = Bytes::from(frame[..frame.len() - 3].to_owned());
+        let e = Inbound::parse(Codec::Json, cut).unwrap_err();
+        assert_eq!(e.to_rpc().1.code, -32700);
+        // Garbage inside: accepted as a response, but decoding its result
+        // fails for the caller.
+        let bad = frame.replacen(r#""data":""#, r#""data":"\q"#, 1);
+        let f = Inbound::parse(Codec::Json, Bytes::from(bad)).unwrap();
+        assert!(f.result::<serde_json::Value>().is_err());
+        // Escaped ids, other layouts and errors take the full path.
+        for other in [
+            format!(r#"{{"jsonrpc":"2.0","id":"a\"b","result":"{big}"}}"#),
+            format!(r#"{{"id":"x","jsonrpc":"2.0","result":"{big}"}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":"x","error":{{"code":1,"message":"{big}"}}}}"#),
+        ] {
+            assert_eq!(json_response_id(other.as_bytes()), None);
+            let f = Inbound::parse(Codec::Json, Bytes::from(other)).unwrap();
+            assert!(matches!(
+                f.kind,
+                FrameKind::Response { .. } | FrameKind::Error { .. }
+            ));
         }
     }
 }

@@ -230,12 +230,20 @@ impl Link {
         }
     }
 
-    fn respond_ok<R: Serialize>(&self, id: &Id, result: &R) {
-        let msg = self.encode(&OutResult {
+    fn respond_ok<R: Serialize>(&self, id: &Id, result: &R, payload: usize) {
+        let out = OutResult {
             jsonrpc: JSONRPC,
             id,
             result,
-        });
+        };
+        let msg = if payload == 0 {
+            self.encode(&out)
+        } else {
+            self.inner
+                .codec
+                .encode_sized(&out, payload)
+                .map_err(|e| CallError::Decode(e.to_string()))
+        };
         match msg {
             Ok(msg) => {
                 let _ = self.send_message(msg);
@@ -301,7 +309,14 @@ impl Responder {
 
     pub fn ok<R: Serialize>(mut self, result: &R) {
         self.answered = true;
-        self.link.respond_ok(&self.id, result);
+        self.link.respond_ok(&self.id, result, 0);
+    }
+
+    /// [`ok`](Self::ok) for an answer carrying about `payload` bytes of
+    /// data (a `process.read`): the frame buffer is sized once.
+    pub fn ok_sized<R: Serialize>(mut self, result: &R, payload: usize) {
+        self.answered = true;
+        self.link.respond_ok(&self.id, result, payload);
     }
 
     pub fn err(mut self, error: RpcError) {

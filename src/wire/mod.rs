@@ -11,7 +11,7 @@ pub mod method;
 pub mod transport;
 pub mod types;
 
-pub use blob::Blob;
+pub use blob::{Blob, BlobRef};
 pub use codec::{Codec, Subprotocol};
 pub use error::{CloseCode, ErrorCode, RpcError};
 pub use frame::{FrameKind, Id, Inbound};

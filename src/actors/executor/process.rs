@@ -18,7 +18,7 @@ use crate::wire::types::{
     ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams, StderrMode,
     StdinMode, Stream,
 };
-use crate::wire::{Blob, Codec, Method, Responder, RpcError};
+use crate::wire::{BlobRef, Codec, Method, Responder, RpcError};
 use bytes::Bytes;
 use nix::sys::signal::Signal;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -707,40 +707,50 @@ async fn read_task(
     loop {
         let closed = buf.closed.load(Ordering::SeqCst);
         let snapshot = status.borrow_and_update().clone();
-        let mut data = Vec::new();
-        // One lock: the span, the end and the earliest cursor are one
-        // consistent snapshot of the ring.
-        let (span, end, earliest) = {
+        {
+            // One lock: the span, the end and the earliest cursor are one
+            // consistent snapshot of the ring. The answer is encoded under
+            // it, straight from the ring's memory (no copy of the bytes
+            // first); the pump waits at most one encode (a memcpy of
+            // `max` bytes in MessagePack), and the pipe absorbs that.
             let Ok(ring) = buf.ring.lock() else {
                 return reply.err(RpcError::internal("output buffer poisoned"));
             };
             end_rx.borrow_and_update();
-            let ready = ring.end().saturating_sub(p.cursor.max(ring.earliest()));
-            data.reserve_exact((ready as usize).min(max));
-            match ring.read_into(p.cursor, max, &mut data) {
-                Ok(span) => (span, ring.end(), ring.earliest()),
+            let (span, first, second) = match ring.slices(p.cursor, max) {
+                Ok(s) => s,
                 Err(e) => return reply.err(RpcError::invalid_params(e.to_string())),
+            };
+            let (end, earliest) = (ring.end(), ring.earliest());
+            let eof = snapshot.state.is_final() && closed && span.next == end;
+            let timed_out = tokio::time::Instant::now() >= deadline;
+            if span.next > span.from || eof || timed_out {
+                // A span across the ring's physical end is joined once.
+                let joined;
+                let data = if second.is_empty() {
+                    first
+                } else {
+                    joined = [first, second].concat();
+                    &joined[..]
+                };
+                let answer = ProcessReadResult {
+                    process_id: p.process_id,
+                    stream: p.stream,
+                    data: BlobRef(data),
+                    from_cursor: span.from,
+                    next_cursor: span.next,
+                    earliest_cursor: earliest,
+                    gap: span.gap,
+                    truncated: span.truncated,
+                    eof,
+                    state: snapshot.state,
+                    exit_code: snapshot.exit_code,
+                    exit_signal: snapshot.exit_signal,
+                    ended_at: snapshot.ended_at,
+                    reason: snapshot.reason,
+                };
+                return reply.ok_sized(&answer, data.len());
             }
-        };
-        let eof = snapshot.state.is_final() && closed && span.next == end;
-        let timed_out = tokio::time::Instant::now() >= deadline;
-        if !data.is_empty() || eof || timed_out {
-            return reply.ok(&ProcessReadResult {
-                process_id: p.process_id,
-                stream: p.stream,
-                data: Blob(Bytes::from(data)),
-                from_cursor: span.from,
-                next_cursor: span.next,
-                earliest_cursor: earliest,
-                gap: span.gap,
-                truncated: span.truncated,
-                eof,
-                state: snapshot.state,
-                exit_code: snapshot.exit_code,
-                exit_signal: snapshot.exit_signal,
-                ended_at: snapshot.ended_at,
-                reason: snapshot.reason,
-            });
         }
         if _slot.is_none() {
             match slots.clone().try_acquire_owned() {

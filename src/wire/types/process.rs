@@ -113,27 +113,31 @@ wire_struct! {
     }
 }
 
-wire_struct! {
-    pub struct ProcessReadResult {
-        pub process_id: String,
-        pub stream: Stream,
-        pub data: Blob,
-        pub from_cursor: u64,
-        pub next_cursor: u64,
-        pub earliest_cursor: u64,
-        pub gap: bool,
-        pub truncated: bool,
-        pub eof: bool,
-        pub state: ProcState,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub exit_code: Option<i32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub exit_signal: Option<i32>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub ended_at: Option<String>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        pub reason: Option<String>,
-    }
+/// The answer of `process.read`. Generic over the payload so the executor
+/// can encode it from a borrowed slice of its ring ([`crate::wire::BlobRef`])
+/// while everyone else decodes an owned [`Blob`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(test, derive(proptest_derive::Arbitrary))]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessReadResult<D = Blob> {
+    pub process_id: String,
+    pub stream: Stream,
+    pub data: D,
+    pub from_cursor: u64,
+    pub next_cursor: u64,
+    pub earliest_cursor: u64,
+    pub gap: bool,
+    pub truncated: bool,
+    pub eof: bool,
+    pub state: ProcState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 wire_struct! {
