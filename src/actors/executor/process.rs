@@ -12,7 +12,7 @@
 use super::session::SessionMsg;
 use crate::executor::Shared;
 use crate::process::ring::OutputRing;
-use crate::process::sys;
+use crate::process::{exits, sys};
 use crate::wire::types::{
     now_rfc3339, Accepted, Cursors, IoMode, ProcState, ProcessReadParams, ProcessReadResult,
     ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams, StderrMode,
@@ -215,7 +215,7 @@ pub struct ProcessData {
 
 struct Spawned {
     pid: u32,
-    child: tokio::process::Child,
+    exit: exits::Exit,
     stdout: OwnedFd,
     stderr: Option<OwnedFd>,
     stdin: Option<OwnedFd>,
@@ -332,18 +332,15 @@ fn spawn(
             stderr_r = None;
         }
     }
-    let child = sys::spawn_owned(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id().unwrap_or(0);
-        Ok((child, pid))
-    })?;
+    // Spawned by std and watched by `exits`: no pidfd, so the output pipe is
+    // the only descriptor a process costs (see process::exits).
+    let (pid, exit) = exits::spawn(cmd.as_std_mut())?;
     // `cmd` still holds the child's ends of the pipes: drop them now so EOF
     // arrives when the child (not bmx) closes them.
     drop(cmd);
-    let pid = child.id().unwrap_or(0);
     Ok(Spawned {
         pid,
-        child,
+        exit,
         stdout: stdout_r,
         stderr: stderr_r,
         stdin: stdin_w,
@@ -477,11 +474,9 @@ impl Actor for ProcessActor {
                     tokio::spawn(stdin_writer(fd, rx));
                     state.stdin = Some(tx);
                 }
-                let (me, mut child, pid) = (myself.clone(), s.child, s.pid);
+                let (me, exit) = (myself.clone(), s.exit);
                 tokio::spawn(async move {
-                    let status = child.wait().await;
-                    sys::release_owned(pid);
-                    if let Ok(status) = status {
+                    if let Ok(status) = exit.await {
                         let _ = me.send_message(ProcessMsg::Exited(status));
                     }
                 });
