@@ -34,10 +34,15 @@ struct Rig {
 }
 
 async fn rig(executor_id: &str) -> Rig {
+    rig_with(executor_id, None).await
+}
+
+async fn rig_with(executor_id: &str, api_token: Option<&str>) -> Rig {
     let secret = format!("tok-{executor_id}");
     let h = Harness::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .token(executor_id, secret.clone())
+        .api_token(api_token.map(str::to_owned))
         .build()
         .await
         .unwrap();
@@ -55,6 +60,7 @@ async fn rig(executor_id: &str) -> Rig {
     );
     let client = ApiClient::new(&h.api_url())
         .unwrap()
+        .token(api_token.map(str::to_owned))
         .timeout(Duration::from_secs(60));
     Rig {
         h,
@@ -449,6 +455,28 @@ async fn unknown_executors_terminals_and_bad_input_are_errors() {
     ] {
         assert!(doc["paths"].get(p).is_some(), "{p}");
     }
+    r.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_token_guards_attach_but_not_the_relay() {
+    let r = rig_with("exec-t5", Some("api-secret")).await;
+    r.open("exec-t5", json!({"terminalId": "a", "argv": sh()}))
+        .await;
+    let anonymous = ApiClient::new(&r.h.api_url()).unwrap();
+    match anonymous
+        .attach_terminal("exec-t5", "a", &AttachOptions::default())
+        .await
+    {
+        Err(ClientError::Refused { status, .. }) => assert_eq!(status, 401),
+        other => panic!("expected 401, got {:?}", other.map(|_| ())),
+    }
+    let (status, _) = anonymous.list_terminals("exec-t5").await.unwrap();
+    assert_eq!(status, 401);
+    // With the token: the executor dials the relay with its ticket only.
+    let mut v = r.viewer("exec-t5", "a", true).await;
+    v.send_input("echo $((6*7))\n").await;
+    v.wait_output("\n42\r\n").await;
     r.stop().await;
 }
 
