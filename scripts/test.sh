@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the black-box tests drive (real PTYs via
-# util-linux `script`; tmux, which the coming `bmx attach` test drives), then runs every test
+# util-linux `script`; tmux, which tests/harness_terminal.rs drives `bmx attach` in), then runs every test
 # in release mode (the tests spawn many real processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -41,6 +41,11 @@ pub struct HarnessArgs {
     /// Serve the API without a token on a non-loopback address.
     #[arg(long)]
     pub allow_open_api: bool,
+    /// Base URL executors dial for terminal relays (default: ws:// + the
+    /// listen address, 0.0.0.0 read as 127.0.0.1). Set it behind a proxy
+    /// or when executors are remote.
+    #[arg(long, env = "BMX_PUBLIC_URL")]
+    pub public_url: Option<String>,
 }
 
 /// Run a harness on 127.0.0.1 and one executor connected to it, until
@@ -131,7 +136,8 @@ impl HarnessArgs {
             .heartbeat_ms(self.heartbeat_ms)
             .lease_ttl_ms(self.lease_ttl_ms)
             .api_token(self.api_token)
-            .allow_open_api(self.allow_open_api);
+            .allow_open_api(self.allow_open_api)
+            .public_url(self.public_url);
         if let Some(p) = self.listen_unix {
             b = b.listen_unix(p);
         }

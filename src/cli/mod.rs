@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+pub mod attach;
 pub mod bench;
 pub mod executor;
 pub mod harness;
@@ -31,6 +32,9 @@ pub enum Command {
     Exec(harness::ExecArgs),
     /// List executors and sessions of a harness.
     Ps(harness::PsArgs),
+    /// Attach this terminal to a terminal on an executor (a new one, or
+    /// TERMINAL_ID); detach with Ctrl-P Ctrl-Q.
+    Attach(attach::AttachArgs),
     /// Benchmarks (baseline and bmx measured in one run).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -50,7 +54,8 @@ pub fn init_tracing(default: &str) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(match cli.command {
-        Command::Bench(_) => "warn",
+        // Log lines would land in the middle of the remote screen.
+        Command::Bench(_) | Command::Attach(_) => "warn",
         _ => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -70,6 +75,7 @@ pub fn main() -> ExitCode {
             Command::Up(args) => harness::run_up(args).await,
             Command::Exec(args) => harness::run_exec(args).await,
             Command::Ps(args) => harness::run_ps(args).await,
+            Command::Attach(args) => attach::run(args).await,
             Command::Bench(cmd) => bench::run(cmd).await,
         }
     })

@@ -17,6 +17,39 @@ pub enum ClientError {
     Timeout(Duration),
     #[error("malformed HTTP answer: {0}")]
     Malformed(String),
+    /// The harness answered the WebSocket upgrade with an HTTP error.
+    #[error("HTTP {status}: {body}")]
+    Refused { status: u16, body: Value },
+    #[error("WebSocket handshake failed: {0}")]
+    Handshake(String),
+}
+
+/// A viewer's socket to a terminal (binary frames of PROTOCOL.md §8, text
+/// control messages; docs/terminals.md "Harness side").
+pub type TerminalSocket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+
+/// Options of [`ApiClient::attach_terminal`].
+#[derive(Debug, Clone, Default)]
+pub struct AttachOptions {
+    /// Replay from this seq (default: the oldest retained chunk).
+    pub from_seq: Option<u64>,
+    /// Take the writer role.
+    pub write: bool,
+    /// Name the stream (default: one the harness makes up).
+    pub stream_id: Option<String>,
+}
+
+/// Percent-encode one path segment or query value.
+pub fn encode_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Answers above this size are refused.
@@ -67,6 +100,119 @@ impl ApiClient {
 
     pub async fn delete(&self, path: &str) -> Result<(u16, Value), ClientError> {
         self.request("DELETE", path, None).await
+    }
+
+    /// `GET /v1/executors`.
+    pub async fn executors(&self) -> Result<(u16, Value), ClientError> {
+        self.get("/v1/executors").await
+    }
+
+    fn terminals_path(executor_id: &str) -> String {
+        format!("/v1/executors/{}/terminals", encode_component(executor_id))
+    }
+
+    /// `POST /v1/executors/{id}/terminals` (body: `terminalId`, `argv` or
+    /// `shell`, `cwd`, `env`, `cols`, `rows`, all optional).
+    pub async fn open_terminal(
+        &self,
+        executor_id: &str,
+        body: &Value,
+    ) -> Result<(u16, Value), ClientError> {
+        self.post(&Self::terminals_path(executor_id), body).await
+    }
+
+    /// `GET /v1/executors/{id}/terminals`.
+    pub async fn list_terminals(&self, executor_id: &str) -> Result<(u16, Value), ClientError> {
+        self.get(&Self::terminals_path(executor_id)).await
+    }
+
+    /// `GET /v1/executors/{id}/terminals/{tid}`.
+    pub async fn get_terminal(
+        &self,
+        executor_id: &str,
+        terminal_id: &str,
+    ) -> Result<(u16, Value), ClientError> {
+        let path = format!(
+            "{}/{}",
+            Self::terminals_path(executor_id),
+            encode_component(terminal_id)
+        );
+        self.get(&path).await
+    }
+
+    /// `DELETE /v1/executors/{id}/terminals/{tid}`: `{closed, exitCode}`.
+    pub async fn close_terminal(
+        &self,
+        executor_id: &str,
+        terminal_id: &str,
+    ) -> Result<(u16, Value), ClientError> {
+        let path = format!(
+            "{}/{}",
+            Self::terminals_path(executor_id),
+            encode_component(terminal_id)
+        );
+        self.delete(&path).await
+    }
+
+    /// `GET /v1/executors/{id}/terminals/{tid}/attach` as a WebSocket.
+    pub async fn attach_terminal(
+        &self,
+        executor_id: &str,
+        terminal_id: &str,
+        opts: &AttachOptions,
+    ) -> Result<TerminalSocket, ClientError> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut query = vec![format!("write={}", u8::from(opts.write))];
+        if let Some(f) = opts.from_seq {
+            query.push(format!("fromSeq={f}"));
+        }
+        if let Some(s) = &opts.stream_id {
+            query.push(format!("streamId={}", encode_component(s)));
+        }
+        let url = format!(
+            "ws://{}{}/{}/attach?{}",
+            self.hostport,
+            Self::terminals_path(executor_id),
+            encode_component(terminal_id),
+            query.join("&")
+        );
+        let mut request = url
+            .as_str()
+            .into_client_request()
+            .map_err(|e| ClientError::BadUrl(e.to_string()))?;
+        if let Some(t) = &self.token {
+            let v = http::HeaderValue::from_str(&format!("Bearer {t}"))
+                .map_err(|_| ClientError::BadUrl("the token is not a valid header value".into()))?;
+            request.headers_mut().insert(http::header::AUTHORIZATION, v);
+        }
+        let connect = async {
+            let tcp = tokio::net::TcpStream::connect(&self.hostport).await?;
+            tcp.set_nodelay(true)?;
+            let config = crate::wire::transport::ws_config(16 << 20);
+            match tokio_tungstenite::client_async_with_config(request, tcp, Some(config)).await {
+                Ok((ws, _)) => Ok(ws),
+                Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                    let body = resp
+                        .body()
+                        .as_deref()
+                        .map(|b| {
+                            serde_json::from_slice(b).unwrap_or_else(|_| {
+                                Value::String(String::from_utf8_lossy(b).into_owned())
+                            })
+                        })
+                        .unwrap_or(Value::Null);
+                    Err(ClientError::Refused {
+                        status: resp.status().as_u16(),
+                        body,
+                    })
+                }
+                Err(tokio_tungstenite::tungstenite::Error::Io(e)) => Err(ClientError::Io(e)),
+                Err(e) => Err(ClientError::Handshake(e.to_string())),
+            }
+        };
+        tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| ClientError::Timeout(self.timeout))?
     }
 
     /// One request; the answer's status and JSON body (`null` when empty,

@@ -50,6 +50,20 @@ pub struct HarnessConfig {
     pub max_read_wait_ms: u64,
     /// Ended sessions remembered for `GET /v1/sessions/{id}`.
     pub ended_sessions_kept: usize,
+    /// Where executors reach this harness for terminal relays
+    /// (`http://`, `https://`, `ws://` or `wss://` base URL, path prefix
+    /// allowed). Default: `ws://` + the bound address (an unspecified IP
+    /// becomes 127.0.0.1). Set it when the harness is behind a proxy or
+    /// listens on 0.0.0.0 for remote executors.
+    pub public_url: Option<String>,
+    /// Terminals the registry tracks at most (-32015 / 429 past it).
+    pub max_terminals: usize,
+    /// Terminal relays (attached viewers) at once (429 past it).
+    pub max_relays: usize,
+    /// Relay tickets minted and not yet used, at most.
+    pub max_pending_tickets: usize,
+    /// How long a relay ticket stays valid (the executor dials within 10 s).
+    pub relay_ticket_ttl: Duration,
 }
 
 impl Default for HarnessConfig {
@@ -70,6 +84,11 @@ impl Default for HarnessConfig {
             tool_timeout: Duration::from_secs(600),
             max_read_wait_ms: 60_000,
             ended_sessions_kept: 1024,
+            public_url: None,
+            max_terminals: 4096,
+            max_relays: 256,
+            max_pending_tickets: 256,
+            relay_ticket_ttl: Duration::from_secs(15),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
 use super::error::ApiError;
+use super::relay::{self, AttachQuery};
 use super::sessions::{CreateSession, ReadRequest, Sessions, ToolCall};
+use super::terminals::{unknown_terminal, OpenTerminal, Terminals};
 use super::types::ExecutorView;
 use crate::actors::harness::{connection, Shared};
 use crate::wire::transport::{self, CONNECT_PATH};
@@ -31,6 +33,12 @@ impl App {
             shared: self.shared.clone(),
         }
     }
+
+    fn terminals(&self) -> Terminals {
+        Terminals {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
@@ -57,6 +65,22 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             post(terminate),
         )
         .route("/v1/sessions/{id}/tools", post(call_tool))
+        .route(
+            "/v1/executors/{id}/terminals",
+            get(list_terminals).post(open_terminal),
+        )
+        .route(
+            "/v1/executors/{id}/terminals/{tid}",
+            get(get_terminal).delete(close_terminal),
+        )
+        .route(
+            "/v1/executors/{id}/terminals/{tid}/attach",
+            get(attach_terminal),
+        )
+        .route(
+            &format!("{}/{{ticket}}", relay::RELAY_PATH),
+            get(relay_dial),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), api_auth))
         .layer(middleware::from_fn(trace_request))
@@ -89,11 +113,15 @@ fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
-/// `--api-token`: every API route but the executors' (which has its own
-/// credential) needs `Authorization: Bearer <token>`.
+/// `--api-token`: every API route but the executors' (the connect route
+/// and the terminal relay, which have credentials of their own) needs
+/// `Authorization: Bearer <token>`.
 async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response {
     if let Some(token) = &app.shared.config.api_token {
-        if req.uri().path() != CONNECT_PATH {
+        let path = req.uri().path();
+        let own_credential =
+            path == CONNECT_PATH || path.starts_with(&format!("{}/", relay::RELAY_PATH));
+        if !own_credential {
             let ok = transport::bearer(req.headers()).is_some_and(|t| same_secret(t, token));
             if !ok {
                 return ApiError::unauthorized().into_response();
@@ -382,4 +410,57 @@ async fn call_tool(
     let call: ToolCall = body(&bytes)?;
     let r = app.sessions().session(&id).call_tool(call).await?;
     Ok(Json(r).into_response())
+}
+
+async fn list_terminals(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let t = app.terminals().list(&id)?;
+    Ok(Json(serde_json::json!({ "terminals": t })).into_response())
+}
+
+async fn open_terminal(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let req: OpenTerminal = body(&bytes)?;
+    let t = app.terminals().open(&id, req).await?;
+    Ok(Json(t).into_response())
+}
+
+async fn get_terminal(
+    State(app): State<App>,
+    Path((id, tid)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    app.terminals().list(&id)?;
+    let t = app
+        .shared
+        .terminals
+        .view(&id, &tid)
+        .ok_or_else(|| unknown_terminal(&id, &tid))?;
+    Ok(Json(t).into_response())
+}
+
+async fn close_terminal(
+    State(app): State<App>,
+    Path((id, tid)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let r = app.terminals().close(&id, &tid).await?;
+    Ok(Json(r).into_response())
+}
+
+async fn attach_terminal(
+    State(app): State<App>,
+    Path((id, tid)): Path<(String, String)>,
+    query: Result<Query<AttachQuery>, QueryRejection>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
+    Ok(relay::viewer_attach(app.shared.clone(), id, tid, q, req).await)
+}
+
+async fn relay_dial(State(app): State<App>, Path(ticket): Path<String>, req: Request) -> Response {
+    relay::executor_dial(app.shared.clone(), ticket, req).await
 }

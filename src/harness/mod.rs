@@ -43,12 +43,15 @@ pub mod config;
 pub mod error;
 mod http;
 pub mod openapi;
+pub mod relay;
 pub mod sessions;
+pub mod terminals;
 pub mod types;
 
 pub use config::{Authenticator, EventCallback, HarnessConfig};
 pub use error::ApiError;
 pub use sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
+pub use terminals::{OpenTerminal, TerminalState, TerminalView, Terminals};
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
 
 use crate::actors::harness::leases::{Leases, LeasesArgs, LeasesMsg};
@@ -88,6 +91,8 @@ pub enum HarnessError {
     NoCredentials,
     #[error("cannot start the actors: {0}")]
     Spawn(String),
+    #[error("{0}")]
+    PublicUrl(String),
 }
 
 /// Configures a harness; [`build`](HarnessBuilder::build) starts it.
@@ -149,6 +154,14 @@ impl HarnessBuilder {
         self
     }
 
+    /// Base URL executors dial for terminal relays (default: `ws://` + the
+    /// bound address). Needed behind a proxy, or when binding 0.0.0.0 for
+    /// remote executors.
+    pub fn public_url(mut self, url: Option<String>) -> Self {
+        self.config.public_url = url.filter(|u| !u.trim().is_empty());
+        self
+    }
+
     /// Serve the API without a token on a non-loopback address.
     pub fn allow_open_api(mut self, allow: bool) -> Self {
         self.config.allow_open_api = allow;
@@ -204,12 +217,15 @@ impl HarnessBuilder {
                 addr: config.listen.to_string(),
                 source,
             })?;
+        let relay_base = relay::relay_base(config.public_url.as_deref(), addr)
+            .map_err(HarnessError::PublicUrl)?;
         let store = self
             .store
             .unwrap_or_else(|| Arc::new(MemoryLeaseStore::new()));
         let table = LeaseTable::new(config.lease_ttl_ms, store);
         let unix_path = config.listen_unix.clone();
         let shared = Shared::new(config, authenticate, self.on_event);
+        let _ = shared.relay_base.set(relay_base);
         let (leases, _) = Actor::spawn(
             None,
             Leases,
@@ -285,6 +301,18 @@ impl HarnessHandle {
         Sessions {
             shared: self.shared.clone(),
         }
+    }
+
+    /// Executor-scoped terminals opened through this harness.
+    pub fn terminals(&self) -> Terminals {
+        Terminals {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Base URL executors dial for terminal relays.
+    pub fn relay_url(&self) -> String {
+        self.shared.relay_base.get().cloned().unwrap_or_default()
     }
 
     /// Live registered executors.

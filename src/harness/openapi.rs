@@ -48,12 +48,114 @@ fn session_errors(mut responses: Value) -> Value {
 
 /// The document.
 pub fn document() -> Value {
+    let mut doc = base();
+    if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
+        if let Value::Object(more) = terminal_schemas() {
+            schemas.extend(more);
+        }
+    }
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        if let Value::Object(more) = terminal_paths() {
+            paths.extend(more);
+        }
+    }
+    doc
+}
+
+fn eid() -> Value {
+    json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}, "description": "executor id"})
+}
+
+fn tid() -> Value {
+    json!({"name": "tid", "in": "path", "required": true, "schema": {"type": "string"}, "description": "terminal id"})
+}
+
+fn terminal_errors(mut responses: Value) -> Value {
+    let m = responses.as_object_mut().expect("object");
+    m.insert(
+        "400".into(),
+        err("bad input (-32602), or an executor on protocol 1 (-32016)"),
+    );
+    m.insert("404".into(), err("unknown executor (reason unknown_executor) or terminal (reason unknown_terminal), -32004"));
+    m.insert(
+        "409".into(),
+        err("conflict (-32009): the id is open with another spec"),
+    );
+    m.insert("429".into(), err("a limit is full (-32015): the executor's terminal.maxSessions, the harness's registry, tickets or relays"));
+    m.insert(
+        "501".into(),
+        err("the executor does not offer terminals (-32012)"),
+    );
+    m.insert(
+        "502".into(),
+        err("the executor connection closed mid-request (reason executor_lost)"),
+    );
+    m.insert(
+        "503".into(),
+        err("the executor is disconnected (reason executor_disconnected, retryable)"),
+    );
+    m.insert(
+        "504".into(),
+        err("the executor did not answer in time (-32008)"),
+    );
+    responses
+}
+
+fn terminal_schemas() -> Value {
+    json!({
+      "OpenTerminal": {"type": "object", "additionalProperties": false, "properties": {
+          "terminalId": {"type": "string", "description": "default: a fresh t-<uuid>; 1-128 characters, no '/'"},
+          "kind": {"type": "string"}, "argv": {"type": "array", "items": {"type": "string"}},
+          "shell": {"type": "string"}, "cwd": {"type": "string"},
+          "env": {"type": "object", "additionalProperties": {"type": "string"}},
+          "cols": {"type": "integer", "default": 80}, "rows": {"type": "integer", "default": 24}}},
+      "Terminal": {"type": "object", "properties": {
+          "terminalId": {"type": "string"}, "executorId": {"type": "string"}, "pid": {"type": "integer"},
+          "cols": {"type": "integer"}, "rows": {"type": "integer"}, "createdAt": {"type": "string"},
+          "epoch": {"type": "integer", "description": "highest writer epoch seen or allocated"},
+          "earliestSeq": {"type": "integer"}, "latestSeq": {"type": "integer"},
+          "state": {"type": "string", "enum": ["running", "exited"]}, "exitCode": {"type": "integer"},
+          "viewers": {"type": "integer"}, "argv": {"type": "array", "items": {"type": "string"}}, "shell": {"type": "string"}}},
+      "Terminals": {"type": "object", "properties": {"terminals": {"type": "array", "items": {"$ref": "#/components/schemas/Terminal"}}}},
+      "TerminalClosed": {"type": "object", "properties": {"closed": {"type": "boolean"}, "exitCode": {"type": "integer"}}}
+    })
+}
+
+fn terminal_paths() -> Value {
+    json!({
+      "/v1/executors/{id}/terminals": {
+        "parameters": [eid()],
+        "get": {"summary": "Terminals opened through this harness on the executor (the harness's registry: the protocol has no terminal.list)",
+          "responses": {"200": ok("terminals", "Terminals"), "404": err("unknown executor")}},
+        "post": {"summary": "terminal.open (idempotent for the same id and spec)", "requestBody": body("OpenTerminal", false),
+          "responses": terminal_errors(json!({"200": ok("the terminal", "Terminal")}))}},
+      "/v1/executors/{id}/terminals/{tid}": {
+        "parameters": [eid(), tid()],
+        "get": {"summary": "One terminal", "responses": {"200": ok("the terminal", "Terminal"), "404": err("unknown executor or terminal")}},
+        "delete": {"summary": "terminal.close: SIGHUP, SIGKILL after the executor's grace; attached viewers are closed with 4100",
+          "responses": terminal_errors(json!({"200": ok("closed", "TerminalClosed")}))}},
+      "/v1/executors/{id}/terminals/{tid}/attach": {
+        "parameters": [eid(), tid(),
+          {"name": "fromSeq", "in": "query", "schema": {"type": "integer"}, "description": "replay from this seq (default: the oldest retained chunk)"},
+          {"name": "write", "in": "query", "schema": {"type": "string", "enum": ["0", "1", "true", "false"], "default": "0"}, "description": "take the writer role (a new epoch above every earlier one)"},
+          {"name": "streamId", "in": "query", "schema": {"type": "string"}, "description": "default: a fresh v-<uuid>"}],
+        "get": {"summary": "WebSocket: the terminal's binary frames (PROTOCOL.md §8: byte 0 op 1 output / 2 input / 3 snapshot, empty snapshot = gap; bytes 1-8 seq u64 BE; data), relayed from the executor's host stream. Text frames: viewer → {\"type\":\"resize\",\"cols\",\"rows\"}; harness → attached, resized, error, exited notices. Close 1000 'exited N' when the program ends, 4100 terminal closed, 4102 executor stream ended, 1001 harness shutdown, 1009 frame too large. Subprotocol bmx.terminal.v1 is echoed when offered.",
+          "responses": terminal_errors(json!({"101": {"description": "switching protocols"}}))}},
+      "/v1/relay/terminals/{ticket}": {
+        "parameters": [{"name": "ticket", "in": "path", "required": true, "schema": {"type": "string"}, "description": "ticket id"}],
+        "get": {"summary": "Executor side of a terminal relay (the host.url of terminal.attach): WebSocket, bearer = the one-time ticket; not for API clients",
+          "security": [],
+          "responses": {"101": {"description": "switching protocols"}, "400": err("not an upgrade"), "401": err("unknown, used, expired or wrong ticket (reason bad_ticket)")}}}
+    })
+}
+
+fn base() -> Value {
     json!({
       "openapi": "3.0.3",
       "info": {
         "title": "bmx harness API",
         "version": env!("CARGO_PKG_VERSION"),
-        "description": "Control plane of the executor protocol: executors, sessions, processes, tools. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
+        "description": "Control plane of the executor protocol: executors, sessions, processes, tools, terminals. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
       },
       "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -168,6 +270,10 @@ mod tests {
             "/v1/sessions/{id}/processes/{pid}/interrupt",
             "/v1/sessions/{id}/processes/{pid}/terminate",
             "/v1/sessions/{id}/tools",
+            "/v1/executors/{id}/terminals",
+            "/v1/executors/{id}/terminals/{tid}",
+            "/v1/executors/{id}/terminals/{tid}/attach",
+            "/v1/relay/terminals/{ticket}",
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }

@@ -1,3 +1,4 @@
-//! Terminals: the numbered scrollback (sans-IO).
+//! Terminals: the numbered scrollback and the host-stream frames (sans-IO).
 
+pub mod frame;
 pub mod scrollback;

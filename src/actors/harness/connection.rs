@@ -15,7 +15,8 @@ use crate::harness::types::HarnessEvent;
 use crate::lease::ConnId;
 use crate::wire::types::{
     now_rfc3339, CapabilitiesUpdateParams, CloseParams, HeartbeatParams, HeartbeatResult, Limits,
-    RegisterParams, RegisterResult, StopParams, TokenRefreshParams, TokenRefreshResult,
+    RegisterParams, RegisterResult, StopParams, TerminalExitedParams, TokenRefreshParams,
+    TokenRefreshResult,
 };
 use crate::wire::{
     CloseCode, Closed, Dispatch, Inbound, Link, LinkLimits, Method, Owner, Responder, RpcError,
@@ -298,10 +299,22 @@ impl ConnState {
                     tracing::info!(reason = %p.reason, "executor.close");
                 }
             }
-            Method::TerminalOutput
-            | Method::TerminalExited
-            | Method::McpFrame
-            | Method::McpClose => {
+            Method::TerminalExited => {
+                if let Some(params) = decode::<serde_json::Value>(&frame, &mut reply) {
+                    if let Ok(p) = serde_json::from_value::<TerminalExitedParams>(params.clone()) {
+                        self.shared.terminals.exited(
+                            &self.executor_id,
+                            &p.terminal_id,
+                            p.exit_code,
+                        );
+                    }
+                    self.shared.emit(HarnessEvent::Other {
+                        method: method.as_str().to_owned(),
+                        params,
+                    });
+                }
+            }
+            Method::TerminalOutput | Method::McpFrame | Method::McpClose => {
                 // Executor-scoped v1.1 traffic the harness does not act on.
                 if let Some(params) = decode::<serde_json::Value>(&frame, &mut reply) {
                     self.shared.emit(HarnessEvent::Other {

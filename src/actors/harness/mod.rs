@@ -23,6 +23,8 @@ pub mod leases;
 pub mod listener;
 
 use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
+use crate::harness::relay::Relays;
+use crate::harness::terminals::TerminalRegistry;
 use crate::harness::types::{HarnessEvent, SessionInfo};
 use crate::lease::ConnId;
 use crate::wire::types::{Capabilities, ExecutorInfo};
@@ -64,6 +66,12 @@ pub struct Shared {
     pub sessions: DashMap<String, SessionInfo>,
     pub events: broadcast::Sender<HarnessEvent>,
     pub on_event: Option<EventCallback>,
+    /// Terminals opened through this harness (the protocol has no list).
+    pub terminals: TerminalRegistry,
+    /// Terminal relays: outstanding tickets, live relays.
+    pub relays: Relays,
+    /// Base URL executors dial for relays; set once the listener is bound.
+    pub relay_base: OnceLock<String>,
     leases: OnceLock<ActorRef<LeasesMsg>>,
     next_conn: AtomicU64,
     /// Distinguishes connection ids of this harness run from earlier ones.
@@ -88,6 +96,9 @@ impl Shared {
             sessions: DashMap::new(),
             events,
             on_event,
+            terminals: TerminalRegistry::default(),
+            relays: Relays::default(),
+            relay_base: OnceLock::new(),
             leases: OnceLock::new(),
             next_conn: AtomicU64::new(1),
             instance,

@@ -21,7 +21,7 @@ use super::TerminalMsg;
 use crate::terminal::scrollback::strip_terminal_replies;
 use crate::wire::types::TerminalAttachResult;
 use crate::wire::{Responder, RpcError};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{header, HeaderValue};
 use ractor::ActorRef;
@@ -31,31 +31,11 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-pub const OP_OUTPUT: u8 = 1;
-pub const OP_INPUT: u8 = 2;
-pub const OP_SNAPSHOT: u8 = 3;
+pub use crate::terminal::frame::{frame, parse, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
 
 /// Largest frame accepted from the host.
 const MAX_FRAME: usize = 1 << 20;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Encode one frame.
-pub fn frame(op: u8, seq: u64, data: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(9 + data.len());
-    b.put_u8(op);
-    b.put_u64(seq);
-    b.put_slice(data);
-    b.freeze()
-}
-
-/// Decode one frame: (op, seq, data).
-pub fn parse(frame: &Bytes) -> Option<(u8, u64, Bytes)> {
-    if frame.len() < 9 {
-        return None;
-    }
-    let seq = u64::from_be_bytes(frame[1..9].try_into().ok()?);
-    Some((frame[0], seq, frame.slice(9..)))
-}
 
 /// One host stream's task.
 pub struct HostStream {
@@ -193,21 +173,5 @@ impl HostStream {
             Some((OP_INPUT, ..)) => {}
             _ => tracing::debug!(stream = %self.stream_id, "ignored a frame from the host"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_round_trip() {
-        let f = frame(OP_OUTPUT, 0x0102_0304_0506_0708, b"hi");
-        assert_eq!(&f[..9], &[1, 1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(
-            parse(&f),
-            Some((1, 0x0102_0304_0506_0708, Bytes::from_static(b"hi")))
-        );
-        assert_eq!(parse(&Bytes::from_static(b"\x02\0\0")), None);
     }
 }
