@@ -165,6 +165,7 @@ fn reap(waiting: &mut HashMap<i32, oneshot::Sender<ExitStatus>>, pid: i32) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn exit_codes_and_signals_arrive_without_a_pidfd() {
