@@ -390,6 +390,27 @@ pub fn set_nonblocking(fd: &impl std::os::fd::AsFd) -> std::io::Result<()> {
 /// Raise the open-file limit: to the kernel's `nr_open` when this process
 /// may raise its hard limit (root), else the soft limit to the hard one.
 /// Each pipe-mode process holds one or two descriptors (plus tokio's pidfd).
+/// The file `execvp` would run for a bare `program` name, searched in `path`
+/// (relative entries, and the empty one, against `cwd`). `None` when the
+/// name holds a `/` or nothing matches: the spawn then goes ahead with the
+/// name as given and fails or succeeds exactly as it would have.
+pub fn resolve_program(
+    program: &str,
+    path: Option<&str>,
+    cwd: &std::path::Path,
+) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.is_empty() || program.contains('/') {
+        return None;
+    }
+    path?.split(':').find_map(|dir| {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let candidate = cwd.join(dir).join(program);
+        let meta = std::fs::metadata(&candidate).ok()?;
+        (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(candidate)
+    })
+}
+
 pub fn raise_nofile_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -469,6 +490,38 @@ pub fn async_fd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programs_resolve_like_execvp() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let tool = bin.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        let plain = bin.join("plain");
+        std::fs::write(&plain, "not executable").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cwd = dir.path();
+        // First match wins; relative entries are against the child's cwd.
+        assert_eq!(
+            resolve_program("tool", Some("/nowhere:bin"), cwd),
+            Some(cwd.join("bin").join("tool"))
+        );
+        assert_eq!(
+            resolve_program("plain", Some("bin"), cwd),
+            None,
+            "not executable"
+        );
+        assert_eq!(resolve_program("bin", Some(":"), cwd), None, "a directory");
+        assert_eq!(resolve_program("sh", None, cwd), None, "no PATH: as given");
+        assert_eq!(
+            resolve_program("./tool", Some("bin"), cwd),
+            None,
+            "a path: as given"
+        );
+        assert!(resolve_program("sh", Some("/usr/bin:/bin"), cwd).is_some());
+    }
 
     #[test]
     fn stat_parses_names_with_parens() {

@@ -283,7 +283,21 @@ fn spawn(
     cwd: PathBuf,
     env: Vec<(String, String)>,
 ) -> std::io::Result<Spawned> {
-    let mut cmd = tokio::process::Command::new(&spec.argv[0]);
+    // Resolved here, against the child's own PATH: given a bare name and a
+    // PATH of its own, std cannot use posix_spawn and forks instead, which
+    // copies the page tables of an executor holding thousands of processes.
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let mut cmd = match sys::resolve_program(&spec.argv[0], path, &cwd) {
+        Some(program) => {
+            let mut cmd = tokio::process::Command::new(program);
+            cmd.arg0(&spec.argv[0]);
+            cmd
+        }
+        None => tokio::process::Command::new(&spec.argv[0]),
+    };
     cmd.args(&spec.argv[1..])
         .current_dir(cwd)
         .env_clear()
