@@ -115,6 +115,7 @@ impl Executor {
         })?;
         // Every pipe-mode process holds one or two descriptors.
         crate::process::sys::raise_nofile_limit();
+        crate::process::sys::reserve_spare_fd();
         if config.subreaper {
             crate::process::sys::become_subreaper();
         }

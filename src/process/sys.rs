@@ -107,17 +107,71 @@ pub fn reap_orphans() {
     }
 }
 
+/// One descriptor held in reserve, so `/proc` can still be read when the
+/// process has run out of them (`EMFILE`): exactly when an executor full of
+/// processes must find and kill a tree. Without it, a scan that cannot open
+/// `/proc/<pid>/environ` misses tagged processes, and they escape.
+static SPARE: Mutex<Option<std::os::fd::OwnedFd>> = Mutex::new(None);
+
+fn open_spare() -> Option<std::os::fd::OwnedFd> {
+    std::fs::File::open("/dev/null").ok().map(Into::into)
+}
+
+/// Hold the spare descriptor (once, at start, while descriptors are free).
+pub fn reserve_spare_fd() {
+    let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+    if spare.is_none() {
+        *spare = open_spare();
+    }
+}
+
+/// Run `f`; if it failed for want of a descriptor, free the spare, run it
+/// again, and take the spare back. Best effort: another thread may take the
+/// freed slot first, and then the error stands.
+fn with_headroom<T>(f: impl Fn() -> std::io::Result<T>) -> std::io::Result<T> {
+    match f() {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+            let mut spare = SPARE.lock().unwrap_or_else(|p| p.into_inner());
+            if spare.take().is_none() {
+                return Err(e);
+            }
+            let again = f();
+            *spare = open_spare();
+            again
+        }
+        other => other,
+    }
+}
+
+fn proc_read(path: &str) -> std::io::Result<Vec<u8>> {
+    with_headroom(|| std::fs::read(path))
+}
+
+fn proc_read_string(path: &str) -> std::io::Result<String> {
+    with_headroom(|| std::fs::read_to_string(path))
+}
+
+/// The names in a `/proc` directory, read in full so that its descriptor
+/// is closed before the caller goes on.
+fn proc_list(path: &str) -> std::io::Result<Vec<std::ffi::OsString>> {
+    with_headroom(|| {
+        std::fs::read_dir(path)?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect()
+    })
+}
+
 fn proc_pids() -> Vec<i32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+    proc_list("/proc")
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| n.to_str()?.parse::<i32>().ok())
         .collect()
 }
 
 /// (ppid, state) from /proc/<pid>/stat.
 fn stat(pid: i32) -> Option<(i32, char)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let s = proc_read_string(&format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses: split after the last ')'.
     let rest = &s[s.rfind(')')? + 2..];
     let mut it = rest.split(' ');
@@ -129,7 +183,7 @@ fn stat(pid: i32) -> Option<(i32, char)> {
 /// Zombie children of `parent` that it adopted (its thread-group leader's
 /// children list): cheap, unlike a walk of every process on the host.
 fn zombie_children(parent: i32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+    proc_read_string(&format!("/proc/{parent}/task/{parent}/children"))
         .map(|l| {
             l.split_whitespace()
                 .filter_map(|p| p.parse::<i32>().ok())
@@ -147,7 +201,7 @@ pub fn pids_in_scope(prefix: &str) -> Vec<i32> {
         .into_iter()
         .filter(|&p| p != me)
         .filter(|&p| {
-            std::fs::read(format!("/proc/{p}/environ"))
+            proc_read(&format!("/proc/{p}/environ"))
                 .map(|env| {
                     env.split(|&b| b == 0)
                         .any(|var| var.starts_with(needle.as_bytes()))
@@ -230,13 +284,14 @@ pub fn descendants(root: i32) -> Vec<i32> {
 /// Children of `pid` from `/proc/<pid>/task/*/children`, or, on kernels
 /// built without that file, from the parent field of every `/proc/*/stat`.
 fn children_of(pid: i32) -> Vec<i32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let Ok(tasks) = proc_list(&format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
     let mut children = Vec::new();
     let mut supported = true;
-    for task in tasks.flatten() {
-        match std::fs::read_to_string(task.path().join("children")) {
+    for task in tasks {
+        let path = format!("/proc/{pid}/task/{}/children", task.to_string_lossy());
+        match proc_read_string(&path) {
             Ok(list) => children.extend(
                 list.split_whitespace()
                     .filter_map(|p| p.parse::<i32>().ok()),
@@ -252,12 +307,8 @@ fn children_of(pid: i32) -> Vec<i32> {
 }
 
 fn scan_children(parent: i32) -> Vec<i32> {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+    proc_pids()
+        .into_iter()
         .filter(|pid| parent_of(*pid) == Some(parent))
         .collect()
 }
@@ -265,13 +316,13 @@ fn scan_children(parent: i32) -> Vec<i32> {
 /// The parent pid from `/proc/<pid>/stat` (`pid (comm) state ppid ...`;
 /// `comm` may contain spaces and parentheses, so parse after the last `)`).
 fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = proc_read_string(&format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 1..];
     after.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn has_scope(pid: i32, needle: &[u8]) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ"))
+    proc_read(&format!("/proc/{pid}/environ"))
         .map(|env| env.split(|&b| b == 0).any(|var| var.starts_with(needle)))
         .unwrap_or(false)
 }
@@ -291,7 +342,7 @@ pub fn orphans_in_scope(scope: &str) -> Vec<i32> {
     // (while it lives): read only its children list. Children spawned from
     // worker threads are listed under those threads and are ours anyway;
     // reading every thread's list made each kill O(threads + children).
-    let adopted = std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+    let adopted = proc_read_string(&format!("/proc/{me}/task/{me}/children"))
         .map(|l| {
             l.split_whitespace()
                 .filter_map(|p| p.parse::<i32>().ok())
@@ -490,6 +541,54 @@ pub fn async_fd(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs itself again in a child process (the descriptor limit is per
+    /// process, and the other tests must not feel it).
+    #[test]
+    fn proc_reads_survive_descriptor_exhaustion() {
+        const NAME: &str = "process::sys::tests::proc_reads_survive_descriptor_exhaustion";
+        if std::env::var_os("BMX_EMFILE_CHILD").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--test-threads=1"])
+                .env("BMX_EMFILE_CHILD", "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "{stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        let low = libc::rlimit {
+            rlim_cur: 128,
+            rlim_max: 128,
+        };
+        // SAFETY: setrlimit reads the local struct only.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+        reserve_spare_fd();
+        let mut held = Vec::new();
+        let err = loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => held.push(f),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::EMFILE));
+        assert!(
+            std::fs::read("/proc/self/environ").is_err(),
+            "out of descriptors"
+        );
+        let me = std::process::id() as i32;
+        assert!(stat(me).is_some(), "read through the spare");
+        assert!(proc_pids().contains(&me));
+        assert!(proc_read("/proc/self/environ").is_ok());
+        assert!(
+            SPARE.lock().unwrap().is_some(),
+            "the spare is taken back after each use"
+        );
+    }
 
     #[test]
     fn programs_resolve_like_execvp() {
