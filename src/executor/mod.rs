@@ -113,7 +113,7 @@ impl Executor {
             path: config.work_root.clone(),
             source,
         })?;
-        // Every pipe-mode process holds one or two descriptors.
+        // Every process holds one to three descriptors (its pipes).
         crate::process::sys::raise_nofile_limit();
         crate::process::sys::reserve_spare_fd();
         if config.subreaper {

@@ -111,6 +111,14 @@ impl ApiClient {
         format!("/v1/executors/{}/terminals", encode_component(executor_id))
     }
 
+    fn terminal_path(executor_id: &str, terminal_id: &str) -> String {
+        format!(
+            "{}/{}",
+            Self::terminals_path(executor_id),
+            encode_component(terminal_id)
+        )
+    }
+
     /// `POST /v1/executors/{id}/terminals` (body: `terminalId`, `argv` or
     /// `shell`, `cwd`, `env`, `cols`, `rows`, all optional).
     pub async fn open_terminal(
@@ -132,12 +140,8 @@ impl ApiClient {
         executor_id: &str,
         terminal_id: &str,
     ) -> Result<(u16, Value), ClientError> {
-        let path = format!(
-            "{}/{}",
-            Self::terminals_path(executor_id),
-            encode_component(terminal_id)
-        );
-        self.get(&path).await
+        self.get(&Self::terminal_path(executor_id, terminal_id))
+            .await
     }
 
     /// `DELETE /v1/executors/{id}/terminals/{tid}`: `{closed, exitCode}`.
@@ -146,12 +150,8 @@ impl ApiClient {
         executor_id: &str,
         terminal_id: &str,
     ) -> Result<(u16, Value), ClientError> {
-        let path = format!(
-            "{}/{}",
-            Self::terminals_path(executor_id),
-            encode_component(terminal_id)
-        );
-        self.delete(&path).await
+        self.delete(&Self::terminal_path(executor_id, terminal_id))
+            .await
     }
 
     /// `GET /v1/executors/{id}/terminals/{tid}/attach` as a WebSocket.
@@ -170,10 +170,9 @@ impl ApiClient {
             query.push(format!("streamId={}", encode_component(s)));
         }
         let url = format!(
-            "ws://{}{}/{}/attach?{}",
+            "ws://{}{}/attach?{}",
             self.hostport,
-            Self::terminals_path(executor_id),
-            encode_component(terminal_id),
+            Self::terminal_path(executor_id, terminal_id),
             query.join("&")
         );
         let mut request = url

@@ -105,7 +105,8 @@ async fn trace_request(req: Request, next: Next) -> Response {
     resp
 }
 
-fn same_secret(a: &str, b: &str) -> bool {
+/// Constant-time comparison of two secrets (API token, relay ticket).
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())

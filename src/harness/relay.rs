@@ -26,6 +26,7 @@
 //! * **Close codes** to the viewer: see [`close`].
 
 use super::error::ApiError;
+use super::http::same_secret;
 use super::terminals::{unknown_terminal, TerminalEnd, Terminals};
 use crate::actors::harness::Shared;
 use crate::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
@@ -111,14 +112,6 @@ pub struct Relays {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
 }
 
 fn busy(detail: impl Into<String>, reason: &str) -> ApiError {

@@ -18,16 +18,14 @@
 //! # Recycling
 //!
 //! Even huge pages fault in slowly when the memory is new to the machine:
-//! on a VM whose host reclaims freed guest memory (this one runs DAMON and
-//! free page reporting), first touch ran at ≈ 0.4–0.5 GB/s. So a dropped
-//! region is not unmapped at once: it is marked `MADV_FREE` (the kernel may
-//! take its pages whenever it needs memory, without writing anything back)
-//! and kept in a small process-wide pool, bounded by [`POOL_MAX_BYTES`] and
-//! [`POOL_MAX_REGIONS`]. A new ring of the same size takes it back; pages
-//! the kernel did not reclaim are reused as they are, without a fault. This
-//! is what allocators such as jemalloc do with freed memory. Old bytes
-//! left in a reused region are never visible: a ring only reads what it
-//! wrote.
+//! on this VM (which runs DAMON pageout), first touch of memory new to the
+//! process ran at ≈ 0.4–0.5 GB/s. So a dropped region is not unmapped at
+//! once: it waits, resident, in a small process-wide pool bounded by
+//! [`POOL_MAX_BYTES`], [`POOL_MAX_REGIONS`] and [`POOL_IDLE`], and a new
+//! ring of the same size takes it back without a fault. (`MADV_FREE` on
+//! pooled regions was tried: their pages were gone again by the next run.)
+//! Old bytes left in a reused region are never visible: a ring only reads
+//! what it wrote.
 
 use std::ptr::NonNull;
 use std::sync::Mutex;

@@ -538,6 +538,25 @@ pub fn async_fd(
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
+/// Write all of `data` to a non-blocking descriptor, waiting for room in
+/// the reactor (a program that does not read its input blocks nobody).
+/// False when the descriptor failed (EPIPE: the reader is gone).
+pub async fn write_all(afd: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, data: &[u8]) -> bool {
+    let mut off = 0;
+    while off < data.len() {
+        let Ok(mut guard) = afd.writable().await else {
+            return false;
+        };
+        match nix::unistd::write(afd.get_ref(), &data[off..]) {
+            Ok(n) => off += n,
+            Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,10 +31,7 @@ pub enum CodecError {
 impl Codec {
     /// Encode a value as one WebSocket message of this codec.
     pub fn encode<T: Serialize + ?Sized>(self, value: &T) -> Result<Message, CodecError> {
-        Ok(match self {
-            Codec::Json => Message::Text(serde_json::to_string(value)?.into()),
-            Codec::MsgPack => Message::Binary(rmp_serde::to_vec_named(value)?.into()),
-        })
+        self.encode_sized(value, 0)
     }
 
     /// Like [`encode`](Self::encode), into a buffer sized up front for a

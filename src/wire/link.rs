@@ -236,14 +236,11 @@ impl Link {
             id,
             result,
         };
-        let msg = if payload == 0 {
-            self.encode(&out)
-        } else {
-            self.inner
-                .codec
-                .encode_sized(&out, payload)
-                .map_err(|e| CallError::Decode(e.to_string()))
-        };
+        let msg = self
+            .inner
+            .codec
+            .encode_sized(&out, payload)
+            .map_err(|e| CallError::Decode(e.to_string()));
         match msg {
             Ok(msg) => {
                 let _ = self.send_message(msg);
@@ -329,6 +326,25 @@ impl Responder {
         match result {
             Ok(r) => self.ok(&r),
             Err(e) => self.err(e),
+        }
+    }
+}
+
+/// Decode a frame's params for a handler. Bad params answer a request with
+/// -32602 (taking its responder); on a notification, where nobody can be
+/// answered, they are logged and the frame is dropped.
+pub fn decode_params<P: DeserializeOwned>(
+    frame: &Inbound,
+    reply: &mut Option<Responder>,
+) -> Option<P> {
+    match frame.params::<P>() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            match reply.take() {
+                Some(r) => r.err(e),
+                None => tracing::warn!(error = %e, "notification with bad params ignored"),
+            }
+            None
         }
     }
 }

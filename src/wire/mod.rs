@@ -15,6 +15,6 @@ pub use blob::{Blob, BlobRef};
 pub use codec::{Codec, Subprotocol};
 pub use error::{CloseCode, ErrorCode, RpcError};
 pub use frame::{FrameKind, Id, Inbound};
-pub use link::{CallError, Closed, Dispatch, Link, LinkLimits, Reader, Responder};
+pub use link::{decode_params, CallError, Closed, Dispatch, Link, LinkLimits, Reader, Responder};
 pub use method::{Method, Owner, Version, METHODS};
 pub use transport::{Endpoint, Transport};

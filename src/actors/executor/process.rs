@@ -155,20 +155,10 @@ enum StdinOp {
 
 async fn stdin_writer(fd: OwnedFd, mut rx: mpsc::Receiver<StdinOp>) {
     let Ok(afd) = sys::async_fd(fd) else { return };
-    while let Some(op) = rx.recv().await {
-        let StdinOp::Data(data) = op else { return };
-        let mut off = 0;
-        while off < data.len() {
-            let Ok(mut guard) = afd.writable().await else {
-                return;
-            };
-            match nix::unistd::write(afd.get_ref(), &data[off..]) {
-                Ok(n) => off += n,
-                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
-                Err(nix::errno::Errno::EINTR) => {}
-                // EPIPE: the child closed its stdin; drop the rest.
-                Err(_) => return,
-            }
+    while let Some(StdinOp::Data(data)) = rx.recv().await {
+        // EPIPE: the child closed its stdin; drop the rest.
+        if !sys::write_all(&afd, &data).await {
+            return;
         }
     }
 }

@@ -9,9 +9,8 @@ use super::sessions::SessionsMsg;
 use super::terminals::{TerminalRequest, TerminalsMsg};
 use crate::executor::Shared;
 use crate::wire::types::SessionRefParams;
-use crate::wire::{Dispatch, Inbound, Method, Owner, Responder, RpcError, Version};
+use crate::wire::{decode_params, Dispatch, Inbound, Method, Owner, Responder, RpcError, Version};
 use ractor::ActorRef;
-use serde::de::DeserializeOwned;
 use std::sync::Arc;
 
 pub struct ExecutorRouter {
@@ -49,19 +48,6 @@ fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
     }
 }
 
-fn decode<P: DeserializeOwned>(frame: &Inbound, reply: &mut Option<Responder>) -> Option<P> {
-    match frame.params::<P>() {
-        Ok(p) => Some(p),
-        Err(e) => {
-            match reply.take() {
-                Some(r) => r.err(e),
-                None => tracing::warn!(error = %e, "notification with bad params ignored"),
-            }
-            None
-        }
-    }
-}
-
 fn answer(reply: Option<Responder>, error: RpcError) {
     match reply {
         Some(r) => r.err(error),
@@ -85,7 +71,8 @@ impl Dispatch for ExecutorRouter {
         match method.owner() {
             Owner::Connection => {
                 if method == Method::ExecutorDrain {
-                    let (Some(p), Some(r)) = (decode(&frame, &mut reply), reply.take()) else {
+                    let (Some(p), Some(r)) = (decode_params(&frame, &mut reply), reply.take())
+                    else {
                         return;
                     };
                     if let Err(e) = self.connection.send_message(ConnMsg::Drain(p, r)) {
@@ -94,7 +81,7 @@ impl Dispatch for ExecutorRouter {
                 }
             }
             Owner::Sessions => {
-                let (Some(p), Some(r)) = (decode(&frame, &mut reply), reply.take()) else {
+                let (Some(p), Some(r)) = (decode_params(&frame, &mut reply), reply.take()) else {
                     return;
                 };
                 match self.shared.sessions_actor() {
@@ -117,11 +104,11 @@ impl Dispatch for ExecutorRouter {
 impl ExecutorRouter {
     fn terminal(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
         let request = match method {
-            Method::TerminalOpen => decode(frame, &mut reply).map(TerminalRequest::Open),
-            Method::TerminalAttach => decode(frame, &mut reply).map(TerminalRequest::Attach),
-            Method::TerminalInput => decode(frame, &mut reply).map(TerminalRequest::Input),
-            Method::TerminalResize => decode(frame, &mut reply).map(TerminalRequest::Resize),
-            Method::TerminalClose => decode(frame, &mut reply).map(TerminalRequest::Close),
+            Method::TerminalOpen => decode_params(frame, &mut reply).map(TerminalRequest::Open),
+            Method::TerminalAttach => decode_params(frame, &mut reply).map(TerminalRequest::Attach),
+            Method::TerminalInput => decode_params(frame, &mut reply).map(TerminalRequest::Input),
+            Method::TerminalResize => decode_params(frame, &mut reply).map(TerminalRequest::Resize),
+            Method::TerminalClose => decode_params(frame, &mut reply).map(TerminalRequest::Close),
             other => return answer(reply, RpcError::method_not_found(other.as_str())),
         };
         let Some(request) = request else { return };
@@ -144,23 +131,29 @@ impl ExecutorRouter {
     }
 
     fn session_scoped(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
-        let Some(SessionRefParams { session_id }) = decode(frame, &mut reply) else {
+        let Some(SessionRefParams { session_id }) = decode_params(frame, &mut reply) else {
             return;
         };
         let request = match method {
-            Method::SessionStop => decode(frame, &mut reply).map(SessionRequest::Stop),
-            Method::ProcessStart => decode(frame, &mut reply).map(SessionRequest::ProcessStart),
-            Method::ProcessRead => decode(frame, &mut reply).map(SessionRequest::ProcessRead),
-            Method::ProcessWrite => decode(frame, &mut reply).map(SessionRequest::ProcessWrite),
+            Method::SessionStop => decode_params(frame, &mut reply).map(SessionRequest::Stop),
+            Method::ProcessStart => {
+                decode_params(frame, &mut reply).map(SessionRequest::ProcessStart)
+            }
+            Method::ProcessRead => {
+                decode_params(frame, &mut reply).map(SessionRequest::ProcessRead)
+            }
+            Method::ProcessWrite => {
+                decode_params(frame, &mut reply).map(SessionRequest::ProcessWrite)
+            }
             Method::ProcessInterrupt => {
-                decode(frame, &mut reply).map(SessionRequest::ProcessInterrupt)
+                decode_params(frame, &mut reply).map(SessionRequest::ProcessInterrupt)
             }
             Method::ProcessTerminate => {
-                decode(frame, &mut reply).map(SessionRequest::ProcessTerminate)
+                decode_params(frame, &mut reply).map(SessionRequest::ProcessTerminate)
             }
             Method::ProcessList => Some(SessionRequest::ProcessList),
-            Method::ToolCall => decode(frame, &mut reply).map(SessionRequest::ToolCall),
-            Method::ToolCancel => decode(frame, &mut reply).map(SessionRequest::ToolCancel),
+            Method::ToolCall => decode_params(frame, &mut reply).map(SessionRequest::ToolCall),
+            Method::ToolCancel => decode_params(frame, &mut reply).map(SessionRequest::ToolCancel),
             other => {
                 return answer(reply, RpcError::method_not_found(other.as_str()));
             }

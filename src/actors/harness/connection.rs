@@ -19,8 +19,8 @@ use crate::wire::types::{
     TokenRefreshResult,
 };
 use crate::wire::{
-    CloseCode, Closed, Dispatch, Inbound, Link, LinkLimits, Method, Owner, Responder, RpcError,
-    Transport,
+    decode_params, CloseCode, Closed, Dispatch, Inbound, Link, LinkLimits, Method, Owner,
+    Responder, RpcError, Transport,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
@@ -209,22 +209,6 @@ impl Actor for Connection {
     }
 }
 
-fn decode<P: serde::de::DeserializeOwned>(
-    frame: &Inbound,
-    reply: &mut Option<Responder>,
-) -> Option<P> {
-    match frame.params::<P>() {
-        Ok(p) => Some(p),
-        Err(e) => {
-            match reply.take() {
-                Some(r) => r.err(e),
-                None => tracing::warn!(error = %e, "notification with bad params ignored"),
-            }
-            None
-        }
-    }
-}
-
 impl ConnState {
     async fn frame(&mut self, frame: Inbound, mut reply: Option<Responder>) {
         let Some(method) = frame.method().and_then(Method::from_name) else {
@@ -255,7 +239,7 @@ impl ConnState {
                 self.register(&frame, r).await;
             }
             Method::ExecutorHeartbeat => {
-                let Some(p) = decode::<HeartbeatParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<HeartbeatParams>(&frame, &mut reply) else {
                     return;
                 };
                 let _ = p;
@@ -271,7 +255,7 @@ impl ConnState {
                 }
             }
             Method::ExecutorTokenRefresh => {
-                let Some(p) = decode::<TokenRefreshParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<TokenRefreshParams>(&frame, &mut reply) else {
                     return;
                 };
                 let ok = self.shared.authenticate(Some(&p.token)).as_deref()
@@ -288,19 +272,19 @@ impl ConnState {
                 }
             }
             Method::ExecutorCapabilitiesUpdate => {
-                if let Some(p) = decode::<CapabilitiesUpdateParams>(&frame, &mut reply) {
+                if let Some(p) = decode_params::<CapabilitiesUpdateParams>(&frame, &mut reply) {
                     if let Some(mut e) = self.shared.conns.get_mut(&self.conn) {
                         e.capabilities = p.capabilities;
                     }
                 }
             }
             Method::ExecutorClose => {
-                if let Some(p) = decode::<CloseParams>(&frame, &mut reply) {
+                if let Some(p) = decode_params::<CloseParams>(&frame, &mut reply) {
                     tracing::info!(reason = %p.reason, "executor.close");
                 }
             }
             Method::TerminalExited => {
-                if let Some(params) = decode::<serde_json::Value>(&frame, &mut reply) {
+                if let Some(params) = decode_params::<serde_json::Value>(&frame, &mut reply) {
                     if let Ok(p) = serde_json::from_value::<TerminalExitedParams>(params.clone()) {
                         self.shared.terminals.exited(
                             &self.executor_id,
@@ -316,7 +300,7 @@ impl ConnState {
             }
             Method::TerminalOutput | Method::McpFrame | Method::McpClose => {
                 // Executor-scoped v1.1 traffic the harness does not act on.
-                if let Some(params) = decode::<serde_json::Value>(&frame, &mut reply) {
+                if let Some(params) = decode_params::<serde_json::Value>(&frame, &mut reply) {
                     self.shared.emit(HarnessEvent::Other {
                         method: method.as_str().to_owned(),
                         params,

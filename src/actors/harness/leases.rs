@@ -25,9 +25,10 @@ use crate::wire::types::{
     ReadyParams, SessionEventParams, SessionEventResult, SessionRefParams, StatusParams,
     ToolProgressParams, ToolResultParams,
 };
-use crate::wire::{CloseCode, ErrorCode, Inbound, Link, Method, Responder, RpcError};
+use crate::wire::{
+    decode_params, CloseCode, ErrorCode, Inbound, Link, Method, Responder, RpcError,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use serde::de::DeserializeOwned;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -189,19 +190,6 @@ impl Actor for Leases {
             t.abort();
         }
         Ok(())
-    }
-}
-
-fn decode<P: DeserializeOwned>(frame: &Inbound, reply: &mut Option<Responder>) -> Option<P> {
-    match frame.params::<P>() {
-        Ok(p) => Some(p),
-        Err(e) => {
-            match reply.take() {
-                Some(r) => r.err(e),
-                None => tracing::warn!(error = %e, "notification with bad params ignored"),
-            }
-            None
-        }
     }
 }
 
@@ -680,7 +668,7 @@ impl LeasesState {
         frame: Inbound,
         mut reply: Option<Responder>,
     ) {
-        let Some(SessionRefParams { session_id }) = decode(&frame, &mut reply) else {
+        let Some(SessionRefParams { session_id }) = decode_params(&frame, &mut reply) else {
             return;
         };
         let now = self.now();
@@ -702,7 +690,7 @@ impl LeasesState {
         }
         match method {
             Method::SessionReady => {
-                let Some(_p) = decode::<ReadyParams>(&frame, &mut reply) else {
+                let Some(_p) = decode_params::<ReadyParams>(&frame, &mut reply) else {
                     return;
                 };
                 if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
@@ -714,14 +702,14 @@ impl LeasesState {
                 answer(reply, Ok(Accepted::YES));
             }
             Method::SessionEnded => {
-                let Some(p) = decode::<EndedParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<EndedParams>(&frame, &mut reply) else {
                     return;
                 };
                 self.end_session(&session_id, &p.reason);
                 answer(reply, Ok(Accepted::YES));
             }
             Method::SessionStatus => {
-                let Some(p) = decode::<StatusParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<StatusParams>(&frame, &mut reply) else {
                     return;
                 };
                 if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
@@ -734,19 +722,19 @@ impl LeasesState {
                 });
             }
             Method::ToolResult => {
-                let Some(p) = decode::<ToolResultParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<ToolResultParams>(&frame, &mut reply) else {
                     return;
                 };
                 self.tool_result(p);
                 answer(reply, Ok(Accepted::YES));
             }
             Method::ToolProgress => {
-                if let Some(p) = decode::<ToolProgressParams>(&frame, &mut reply) {
+                if let Some(p) = decode_params::<ToolProgressParams>(&frame, &mut reply) {
                     self.shared.emit(HarnessEvent::ToolProgress(p));
                 }
             }
             Method::ProcessStatus => {
-                let Some(p) = decode::<ProcessStatusParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<ProcessStatusParams>(&frame, &mut reply) else {
                     return;
                 };
                 if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
@@ -767,7 +755,7 @@ impl LeasesState {
                 self.shared.emit(HarnessEvent::ProcessStatus(p));
             }
             Method::SessionEvent => {
-                let Some(p) = decode::<SessionEventParams>(&frame, &mut reply) else {
+                let Some(p) = decode_params::<SessionEventParams>(&frame, &mut reply) else {
                     return;
                 };
                 let expected = self.event_seq.get(&session_id).copied();
@@ -806,12 +794,12 @@ impl LeasesState {
                 answer(reply, Ok(result));
             }
             Method::SessionEventDelta => {
-                if let Some(p) = decode::<EventDeltaParams>(&frame, &mut reply) {
+                if let Some(p) = decode_params::<EventDeltaParams>(&frame, &mut reply) {
                     self.shared.emit(HarnessEvent::SessionEventDelta(p));
                 }
             }
             Method::InteractionRequest | Method::InteractionCancel => {
-                let Some(params) = decode::<serde_json::Value>(&frame, &mut reply) else {
+                let Some(params) = decode_params::<serde_json::Value>(&frame, &mut reply) else {
                     return;
                 };
                 let id = params

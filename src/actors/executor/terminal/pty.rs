@@ -200,17 +200,8 @@ pub async fn writer(master: OwnedFd, mut rx: mpsc::Receiver<Bytes>) {
         return;
     };
     while let Some(data) = rx.recv().await {
-        let mut off = 0;
-        while off < data.len() {
-            let Ok(mut guard) = afd.writable().await else {
-                return;
-            };
-            match nix::unistd::write(afd.get_ref(), &data[off..]) {
-                Ok(n) => off += n,
-                Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => return,
-            }
+        if !sys::write_all(&afd, &data).await {
+            return;
         }
     }
 }
