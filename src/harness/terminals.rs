@@ -70,17 +70,12 @@ pub enum TerminalState {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TerminalView {
-    pub terminal_id: String,
+    /// The executor's last open answer: id, pid, size, creation time and
+    /// scrollback bounds, except `epoch`, which is the highest writer epoch
+    /// the harness has seen or allocated.
+    #[serde(flatten)]
+    pub open: TerminalOpenResult,
     pub executor_id: String,
-    pub pid: u32,
-    pub cols: u16,
-    pub rows: u16,
-    pub created_at: String,
-    /// The highest writer epoch the harness has seen or allocated.
-    pub epoch: u64,
-    /// Scrollback bounds as of the last open or attach.
-    pub earliest_seq: u64,
-    pub latest_seq: u64,
     pub state: TerminalState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -135,15 +130,8 @@ impl TerminalRegistry {
         let mut e = self.map.entry(k).or_insert_with(|| Entry {
             spec: spec.clone(),
             view: TerminalView {
-                terminal_id: r.terminal_id.clone(),
+                open: r.clone(),
                 executor_id: executor_id.to_owned(),
-                pid: r.pid,
-                cols: r.cols,
-                rows: r.rows,
-                created_at: r.created_at.clone(),
-                epoch: r.epoch,
-                earliest_seq: r.earliest_seq,
-                latest_seq: r.latest_seq,
                 state: TerminalState::Running,
                 exit_code: None,
                 viewers: 0,
@@ -154,19 +142,16 @@ impl TerminalRegistry {
         });
         // A different pid or creation time: the executor restarted the id
         // (it was closed and opened again): a new life.
-        if e.view.pid != r.pid || e.view.created_at != r.created_at {
+        if e.view.open.pid != r.pid || e.view.open.created_at != r.created_at {
             e.view.state = TerminalState::Running;
             e.view.exit_code = None;
-            e.view.pid = r.pid;
-            e.view.created_at = r.created_at.clone();
             e.end.send_replace(TerminalEnd::Running);
         }
         e.spec = spec;
-        e.view.cols = r.cols;
-        e.view.rows = r.rows;
-        e.view.epoch = e.view.epoch.max(r.epoch);
-        e.view.earliest_seq = r.earliest_seq;
-        e.view.latest_seq = r.latest_seq;
+        e.view.open = TerminalOpenResult {
+            epoch: e.view.open.epoch.max(r.epoch),
+            ..r.clone()
+        };
     }
 
     /// `terminal.exited` from `executor_id`; unknown terminals are ignored.
@@ -211,7 +196,7 @@ impl TerminalRegistry {
             .filter(|e| e.key().0 == executor_id)
             .map(|e| e.view.clone())
             .collect();
-        v.sort_by(|a, b| a.terminal_id.cmp(&b.terminal_id));
+        v.sort_by(|a, b| a.open.terminal_id.cmp(&b.open.terminal_id));
         v
     }
 
@@ -236,8 +221,8 @@ impl TerminalRegistry {
     /// this terminal (and than `at_least`).
     pub fn next_epoch(&self, executor_id: &str, terminal_id: &str, at_least: u64) -> Option<u64> {
         let mut e = self.map.get_mut(&key(executor_id, terminal_id))?;
-        e.view.epoch = e.view.epoch.max(at_least) + 1;
-        Some(e.view.epoch)
+        e.view.open.epoch = e.view.open.epoch.max(at_least) + 1;
+        Some(e.view.open.epoch)
     }
 
     /// The highest writer epoch known: a relay whose epoch is below it has
@@ -245,27 +230,27 @@ impl TerminalRegistry {
     pub fn epoch(&self, executor_id: &str, terminal_id: &str) -> Option<u64> {
         self.map
             .get(&key(executor_id, terminal_id))
-            .map(|e| e.view.epoch)
+            .map(|e| e.view.open.epoch)
     }
 
     fn observe(&self, executor_id: &str, r: &TerminalOpenResult) {
         if let Some(mut e) = self.map.get_mut(&key(executor_id, &r.terminal_id)) {
-            e.view.epoch = e.view.epoch.max(r.epoch);
-            e.view.earliest_seq = r.earliest_seq;
-            e.view.latest_seq = r.latest_seq;
+            e.view.open.epoch = e.view.open.epoch.max(r.epoch);
+            e.view.open.earliest_seq = r.earliest_seq;
+            e.view.open.latest_seq = r.latest_seq;
         }
     }
 
     pub(crate) fn observe_epoch(&self, executor_id: &str, terminal_id: &str, epoch: u64) {
         if let Some(mut e) = self.map.get_mut(&key(executor_id, terminal_id)) {
-            e.view.epoch = e.view.epoch.max(epoch);
+            e.view.open.epoch = e.view.open.epoch.max(epoch);
         }
     }
 
     fn resized(&self, executor_id: &str, terminal_id: &str, cols: u16, rows: u16) {
         if let Some(mut e) = self.map.get_mut(&key(executor_id, terminal_id)) {
-            e.view.cols = cols;
-            e.view.rows = rows;
+            e.view.open.cols = cols;
+            e.view.open.rows = rows;
         }
     }
 
@@ -609,7 +594,7 @@ mod tests {
         r.opened("e", spec("t"), &result("t", 2, 0));
         let v = r.view("e", "t").unwrap();
         assert_eq!(
-            (v.state, v.exit_code, v.pid),
+            (v.state, v.exit_code, v.open.pid),
             (TerminalState::Running, None, 2)
         );
     }
