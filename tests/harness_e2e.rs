@@ -1,8 +1,8 @@
 //! End to end: the real executor (in process) against the harness, driven
 //! through the HTTP API: session.assign → process → output → tool → stop.
 
+use bmx::client::ApiClient;
 use bmx::executor::{Executor, ExecutorConfig, TokenSource};
-use bmx::harness::client::ApiClient;
 use bmx::harness::Harness;
 use bmx::wire::Endpoint;
 use serde_json::json;

@@ -5,8 +5,8 @@
 
 mod harness_common;
 
+use bmx::client::{ApiClient, AttachOptions, ClientError, TerminalSocket};
 use bmx::executor::{Executor, ExecutorConfig, ExecutorHandle, TokenSource};
-use bmx::harness::client::{ApiClient, AttachOptions, ClientError, TerminalSocket};
 use bmx::harness::{Harness, HarnessHandle};
 use bmx::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
 use bmx::wire::types::{

@@ -13,10 +13,10 @@
 //!   under `script -qc` read from a pipe (`pty_script`).
 
 use super::peer::BenchPeer;
-use crate::executor::{Executor, ExecutorConfig, ExecutorHandle, TokenSource};
-use crate::process::sys;
-use crate::wire::types::*;
-use crate::wire::{Codec, Endpoint, Link, Method, Subprotocol, Version};
+use bmx::executor::{Executor, ExecutorConfig, ExecutorHandle, TokenSource};
+use bmx::process::sys;
+use bmx::wire::types::*;
+use bmx::wire::{Codec, Endpoint, Link, Method, Subprotocol, Version};
 use serde::Serialize;
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -4,10 +4,10 @@
 //! measured path; this keeps the path to the bytes: socket, codec, router,
 //! actor, ring.
 
-use crate::wire::types::{
+use bmx::wire::types::{
     now_rfc3339, Accepted, HeartbeatResult, Limits, RegisterParams, RegisterResult,
 };
-use crate::wire::{transport, Dispatch, Inbound, Link, LinkLimits, Method, Responder, Subprotocol};
+use bmx::wire::{transport, Dispatch, Inbound, Link, LinkLimits, Method, Responder, Subprotocol};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 

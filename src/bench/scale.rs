@@ -8,9 +8,9 @@
 //! limit to the hard one at start).
 
 use super::peer::BenchPeer;
-use crate::executor::{Executor, ExecutorConfig, TokenSource};
-use crate::wire::types::*;
-use crate::wire::{Endpoint, Link, Method, Subprotocol};
+use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+use bmx::wire::types::*;
+use bmx::wire::{Endpoint, Link, Method, Subprotocol};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -68,7 +68,7 @@ async fn req<P: Serialize, R: serde::de::DeserializeOwned>(
 }
 
 pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, String> {
-    crate::process::sys::raise_nofile_limit();
+    bmx::process::sys::raise_nofile_limit();
     let mut peer = BenchPeer::start(Subprotocol::ALL[0])
         .await
         .map_err(|e| e.to_string())?;
@@ -93,7 +93,7 @@ pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, Str
 
 async fn measure(
     peer: &mut BenchPeer,
-    executor: &crate::executor::ExecutorHandle,
+    executor: &bmx::executor::ExecutorHandle,
     sessions: usize,
     per_session: usize,
 ) -> Result<ScaleReport, String> {
@@ -174,7 +174,7 @@ async fn measure(
     .await?;
     let stop_secs = started.elapsed().as_secs_f64();
     let scope = format!("{}/", executor.shared().instance);
-    let leftover = crate::process::sys::pids_in_scope(&scope).len();
+    let leftover = bmx::process::sys::pids_in_scope(&scope).len();
     let procs = (sessions * per_session).max(1) as f64;
     Ok(ScaleReport {
         sessions,

@@ -7,9 +7,9 @@
 //! reaches the remote program; only the detach sequence (Ctrl-P Ctrl-Q by
 //! default) is kept, and it leaves the terminal running.
 
-use crate::harness::client::{ApiClient, AttachOptions, ClientError, TerminalSocket};
-use crate::harness::relay::close;
-use crate::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
+use bmx::client::{ApiClient, AttachOptions, ClientError, TerminalSocket};
+use bmx::harness::http::relay::close;
+use bmx::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
 use clap::Args;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};

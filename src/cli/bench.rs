@@ -1,7 +1,7 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
 use crate::bench::{buffering, scale};
-use crate::wire::Codec;
+use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
 

@@ -1,7 +1,7 @@
 //! `bmx executor`: the daemon.
 
-use crate::executor::{Executor, ExecutorConfig, TokenSource};
-use crate::wire::Endpoint;
+use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+use bmx::wire::Endpoint;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,9 +1,9 @@
 //! `bmx harness`, `bmx up`, `bmx exec`, `bmx ps`.
 
-use crate::executor::{Executor, ExecutorConfig, TokenSource};
-use crate::harness::client::ApiClient;
-use crate::harness::{Harness, HarnessBuilder, HarnessHandle};
-use crate::wire::Endpoint;
+use bmx::client::ApiClient;
+use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+use bmx::harness::{Harness, HarnessBuilder, HarnessHandle};
+use bmx::wire::Endpoint;
 use clap::Args;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -286,7 +286,7 @@ async fn pump(client: ApiClient, base: String, stream: &'static str) -> Result<V
             return Err(api_error(&r));
         }
         let data = r["data"].as_str().unwrap_or_default();
-        let bytes = crate::wire::blob::base64_decode(data).map_err(|e| e.to_string())?;
+        let bytes = bmx::wire::blob::base64_decode(data).map_err(|e| e.to_string())?;
         if r["gap"] == true {
             eprintln!("bmx exec: [{stream}: some output was dropped]");
         }

@@ -12,14 +12,15 @@
 //! # }
 //! ```
 
+pub mod actors;
 pub mod config;
-pub mod shared;
+pub mod runtime;
 
 pub use config::{ExecutorConfig, TokenSource};
-pub use shared::Shared;
+pub use runtime::Shared;
 
-use crate::actors::executor::root;
 use crate::supervisor::{Exit, SupervisorExit, SupervisorMsg};
+use actors::root;
 use ractor::ActorRef;
 use std::sync::Arc;
 use tokio::sync::oneshot;

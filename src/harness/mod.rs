@@ -38,28 +38,27 @@
 // built once per failed request and handed straight to the caller.
 #![allow(clippy::result_large_err)]
 
-pub mod client;
+pub mod actors;
+pub mod api;
 pub mod config;
 pub mod error;
-mod http;
-pub mod openapi;
-pub mod relay;
-pub mod sessions;
-pub mod terminals;
+pub mod http;
+pub mod runtime;
 pub mod types;
 
+pub use api::sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
+pub use api::terminals::{OpenTerminal, TerminalState, TerminalView, Terminals};
 pub use config::{Authenticator, EventCallback, HarnessConfig};
 pub use error::ApiError;
-pub use sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
-pub use terminals::{OpenTerminal, TerminalState, TerminalView, Terminals};
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
 
-use crate::actors::harness::leases::{Leases, LeasesArgs, LeasesMsg};
-use crate::actors::harness::{listener, Shared};
 use crate::lease::{LeaseStore, LeaseTable, MemoryLeaseStore};
 use crate::wire::transport::CONNECT_PATH;
 use crate::wire::CloseCode;
+use actors::leases::{Leases, LeasesArgs, LeasesMsg};
+use http::listener;
 use ractor::{Actor, ActorRef};
+use runtime::Shared;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -217,7 +216,7 @@ impl HarnessBuilder {
                 addr: config.listen.to_string(),
                 source,
             })?;
-        let relay_base = relay::relay_base(config.public_url.as_deref(), addr)
+        let relay_base = http::relay::relay_base(config.public_url.as_deref(), addr)
             .map_err(HarnessError::PublicUrl)?;
         let store = self
             .store

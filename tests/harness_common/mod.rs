@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use bmx::harness::client::ApiClient;
+use bmx::client::ApiClient;
 use bmx::harness::{Harness, HarnessHandle};
 use bmx::wire::transport::{self, DialError};
 use bmx::wire::types::{

@@ -305,7 +305,7 @@ impl Actor for Sessions {
                 state.flush_ended(&myself);
                 if let Some(t) = state.shared.terminals_actor() {
                     let _ = t.send_message(
-                        crate::actors::executor::terminals::TerminalsMsg::Reconnected,
+                        crate::executor::actors::terminals::TerminalsMsg::Reconnected,
                     );
                 }
                 // Sessions re-send what the harness has not acknowledged.

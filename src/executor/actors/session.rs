@@ -173,7 +173,7 @@ impl SessionState {
         for id in self.processes.keys() {
             self.shared
                 .processes
-                .remove(&crate::executor::shared::process_key(&self.id, id));
+                .remove(&crate::executor::runtime::process_key(&self.id, id));
         }
     }
 
@@ -246,7 +246,7 @@ impl Session {
             Ok((actor, _)) => {
                 let _ = actor.send_message(ProcessMsg::Started { reply, wait_ms });
                 state.shared.processes.insert(
-                    crate::executor::shared::process_key(&state.id, &spec.process_id),
+                    crate::executor::runtime::process_key(&state.id, &spec.process_id),
                     actor.clone(),
                 );
                 state.processes.insert(

@@ -25,10 +25,10 @@
 //!   `error`, `resized` and `exited` notices.
 //! * **Close codes** to the viewer: see [`close`].
 
-use super::error::ApiError;
-use super::http::same_secret;
-use super::terminals::{unknown_terminal, TerminalEnd, Terminals};
-use crate::actors::harness::Shared;
+use super::same_secret;
+use crate::harness::api::terminals::{unknown_terminal, TerminalEnd, Terminals};
+use crate::harness::error::ApiError;
+use crate::harness::runtime::Shared;
 use crate::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
 use crate::wire::transport::{self, BoxIo, WsStream};
 use crate::wire::types::{AttachHost, TerminalAttachParams, TerminalAttachResult};

@@ -1,16 +1,5 @@
-//! The harness's actors (docs/architecture: "harness root").
-//!
-//! ```text
-//! harness
-//! ├── listener         the HTTP router's upgrade route and the Unix socket
-//! │                    accept loop: authenticate, negotiate, start a connection
-//! ├── connection <n>   one actor per executor connection: register,
-//! │                    heartbeat, token refresh; forwards session frames
-//! └── leases           the LeaseTable (one source of truth for who holds
-//!                      what), the executors registry (4004 rule), the
-//!                      platform's view of sessions, tool-call waiters, the
-//!                      4008 / lease-expiry timer
-//! ```
+//! The harness runtime: per-instance state its actors and API handlers
+//! share (the configuration, the routing maps, the event channel).
 //!
 //! Shared maps ([`Shared::conns`], [`Shared::executors`], [`Shared::sessions`])
 //! are per harness instance (never ractor's global registry) and are only
@@ -18,19 +7,15 @@
 //! [`ConnEntry`], the leases actor the registry and the sessions. Everyone
 //! else reads them for routing and listings.
 
-pub mod connection;
-pub mod leases;
-pub mod listener;
-
+use super::actors::leases::LeasesMsg;
+use crate::harness::api::terminals::TerminalRegistry;
 use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
-use crate::harness::relay::Relays;
-use crate::harness::terminals::TerminalRegistry;
+use crate::harness::http::relay::Relays;
 use crate::harness::types::{HarnessEvent, SessionInfo};
 use crate::lease::ConnId;
 use crate::wire::types::{Capabilities, ExecutorInfo};
 use crate::wire::Link;
 use dashmap::DashMap;
-use leases::LeasesMsg;
 use ractor::ActorRef;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};

@@ -3,10 +3,10 @@
 //! is a thin layer over these calls, so an embedding platform and a remote
 //! client get the same behaviour.
 
-use super::error::ApiError;
-use super::types::{SessionInfo, SessionState};
-use crate::actors::harness::leases::{LeasesMsg, Route};
-use crate::actors::harness::Shared;
+use crate::harness::actors::leases::{LeasesMsg, Route};
+use crate::harness::error::ApiError;
+use crate::harness::runtime::Shared;
+use crate::harness::types::{SessionInfo, SessionState};
 use crate::wire::types::{
     Accepted, AssignParams, AssignResult, JsonMap, LeaseGrant, ProcessListResult,
     ProcessReadParams, ProcessReadResult, ProcessRefParams, ProcessStartParams, ProcessState,

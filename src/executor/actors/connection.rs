@@ -10,7 +10,7 @@
 
 use super::router::ExecutorRouter;
 use super::sessions::SessionsMsg;
-use crate::executor::shared::Registration;
+use crate::executor::runtime::Registration;
 use crate::executor::Shared;
 use crate::wire::link::Reader;
 use crate::wire::transport::{self, DialError};

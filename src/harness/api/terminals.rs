@@ -11,8 +11,8 @@
 //! before an attach. `terminal.exited` marks an entry exited; `DELETE` (and
 //! an executor that answers -32004 for it) removes it.
 
-use super::error::ApiError;
-use crate::actors::harness::Shared;
+use crate::harness::error::ApiError;
+use crate::harness::runtime::Shared;
 use crate::wire::types::{
     Accepted, TerminalCloseParams, TerminalCloseResult, TerminalOpenParams, TerminalOpenResult,
     TerminalResizeParams,

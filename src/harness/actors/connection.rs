@@ -10,7 +10,7 @@
 //! lease TTL; a registered one is watched by the leases actor's timer.
 
 use super::leases::LeasesMsg;
-use super::{ConnEntry, Shared};
+use crate::harness::runtime::{ConnEntry, Shared};
 use crate::harness::types::HarnessEvent;
 use crate::lease::ConnId;
 use crate::wire::types::{

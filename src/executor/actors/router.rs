@@ -173,7 +173,7 @@ impl ExecutorRouter {
         };
         let (request, reply) = match direct {
             Ok((process_id, msg)) => {
-                let key = crate::executor::shared::process_key(&session_id, &process_id);
+                let key = crate::executor::runtime::process_key(&session_id, &process_id);
                 let actor = self.shared.processes.get(&key).map(|a| a.clone());
                 match actor {
                     Some(actor) => {

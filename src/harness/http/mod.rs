@@ -1,11 +1,15 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
+pub mod listener;
+pub mod openapi;
+pub mod relay;
+
+use self::relay::AttachQuery;
+use super::api::sessions::{CreateSession, ReadRequest, Sessions, ToolCall};
+use super::api::terminals::{unknown_terminal, OpenTerminal, Terminals};
 use super::error::ApiError;
-use super::relay::{self, AttachQuery};
-use super::sessions::{CreateSession, ReadRequest, Sessions, ToolCall};
-use super::terminals::{unknown_terminal, OpenTerminal, Terminals};
 use super::types::ExecutorView;
-use crate::actors::harness::{connection, Shared};
+use crate::harness::{actors::connection, runtime::Shared};
 use crate::wire::transport::{self, CONNECT_PATH};
 use crate::wire::types::{ProcessStartParams, Stream};
 use axum::body::{Body, Bytes};
@@ -141,7 +145,7 @@ async fn health() -> Json<serde_json::Value> {
 }
 
 async fn openapi() -> Json<serde_json::Value> {
-    Json(super::openapi::document())
+    Json(openapi::document())
 }
 
 /// `GET /v1/executor/connect`: bearer → 401 without upgrade, subprotocol →

@@ -3,10 +3,10 @@
 //! facts, not business state: each actor owns its own.
 
 use super::ExecutorConfig;
-use crate::actors::executor::process::ProcessMsg;
-use crate::actors::executor::session::SessionMsg;
-use crate::actors::executor::sessions::SessionsMsg;
-use crate::actors::executor::terminals::TerminalsMsg;
+use crate::executor::actors::process::ProcessMsg;
+use crate::executor::actors::session::SessionMsg;
+use crate::executor::actors::sessions::SessionsMsg;
+use crate::executor::actors::terminals::TerminalsMsg;
 use crate::wire::types::{
     Capabilities, FilesCapability, Limits, ProcessCapability, ShellCapability,
 };
@@ -83,7 +83,7 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
-            terminal: crate::actors::executor::terminals::capability(self),
+            terminal: crate::executor::actors::terminals::capability(self),
             ..Default::default()
         }
     }

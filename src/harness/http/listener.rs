@@ -3,7 +3,7 @@
 //! Unix socket with the same handshake. Both end in
 //! [`connection::start`](super::connection::start).
 
-use super::{connection, Shared};
+use crate::harness::{actors::connection, runtime::Shared};
 use crate::wire::transport;
 use std::path::Path;
 use std::sync::Arc;

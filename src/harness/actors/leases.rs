@@ -16,8 +16,8 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::Shared;
 use crate::harness::error::ApiError;
+use crate::harness::runtime::Shared;
 use crate::harness::types::{HarnessEvent, SessionInfo, SessionState};
 use crate::lease::{ConnId, Grant, LeaseError, LeaseTable, Registered};
 use crate::wire::types::{

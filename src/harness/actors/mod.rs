@@ -1,0 +1,14 @@
+//! The harness's actors (docs/architecture.md: "harness root").
+//!
+//! ```text
+//! harness root (supervisor)
+//! ├── leases           the lease table, the executors registry (4004 rule),
+//! │                    the platform's view of sessions, tool-call waiters,
+//! │                    the 4008 / lease-expiry timer
+//! └── connections      dynamic supervisor
+//!     └── connection <n>  one per executor connection: register,
+//!                      heartbeat, token refresh; forwards session frames
+//! ```
+
+pub mod connection;
+pub mod leases;
