@@ -14,6 +14,7 @@
 
 pub mod actors;
 pub mod config;
+pub mod outbox;
 pub mod runtime;
 
 pub use config::{ExecutorConfig, TokenSource};
@@ -128,9 +129,46 @@ impl Executor {
     }
 }
 
+/// An actor a test makes panic (see [`ExecutorHandle::inject_panic`]).
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub enum PanicTarget {
+    Session(String),
+    Process { session: String, process: String },
+    Tool { session: String, tool_call: String },
+    Terminal(String),
+}
+
 impl ExecutorHandle {
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Fault injection for tests: make one actor panic in its handler, as
+    /// a bug would. Not reachable from the wire. `false` when the target
+    /// is not running.
+    #[doc(hidden)]
+    pub fn inject_panic(&self, target: PanicTarget) -> bool {
+        use actors::session::{SessionChild, SessionMsg};
+        let to_session = |session: &str, child: Option<SessionChild>| {
+            self.shared
+                .sessions
+                .get(session)
+                .is_some_and(|s| s.send_message(SessionMsg::Panic(child)).is_ok())
+        };
+        match target {
+            PanicTarget::Session(s) => to_session(&s, None),
+            PanicTarget::Process { session, process } => {
+                to_session(&session, Some(SessionChild::Process(process)))
+            }
+            PanicTarget::Tool { session, tool_call } => {
+                to_session(&session, Some(SessionChild::Tool(tool_call)))
+            }
+            PanicTarget::Terminal(id) => self.shared.terminals_actor().is_some_and(|t| {
+                t.send_message(actors::terminals::TerminalsMsg::PanicTerminal(id))
+                    .is_ok()
+            }),
+        }
     }
 
     /// Wait until the executor ends by itself.

@@ -267,7 +267,12 @@ pub async fn spawn_child<A: Actor>(
     Actor::spawn_linked(None, actor, args, supervisor)
         .await
         .map(|(a, _)| a.get_cell())
-        .map_err(|e| e.to_string())
+        .map_err(|e| match e {
+            // The actor's own words: a start that ends with `shutdown:…`
+            // is final (see `Exit::from_reason`).
+            ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+            other => other.to_string(),
+        })
 }
 
 /// Orderly stop with a timeout, then kill.

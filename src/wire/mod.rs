@@ -8,6 +8,7 @@ pub mod error;
 pub mod frame;
 pub mod link;
 pub mod method;
+pub mod outbox;
 pub mod transport;
 pub mod types;
 

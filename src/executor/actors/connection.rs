@@ -40,6 +40,7 @@ pub enum ConnMsg {
     Drained,
 }
 
+#[derive(Clone)]
 pub struct Connection;
 
 pub struct ConnState {

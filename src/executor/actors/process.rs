@@ -63,6 +63,9 @@ pub enum ProcessMsg {
     TimedOut,
     /// The grace period of a terminate passed.
     Escalate,
+    /// Test hook: panic in the handler (a crash the tests inject).
+    #[doc(hidden)]
+    Panic,
 }
 
 impl ProcessMsg {
@@ -608,6 +611,7 @@ impl Actor for ProcessActor {
                 state.signal(Signal::SIGTERM);
                 myself.send_after(grace, || ProcessMsg::Escalate);
             }
+            ProcessMsg::Panic => panic!("injected panic (test hook)"),
             ProcessMsg::Escalate => {
                 if state.running() {
                     state.kill_tree_now();

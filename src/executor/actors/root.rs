@@ -10,7 +10,7 @@ use crate::executor::Shared;
 use crate::supervisor::{
     ChildSpec, Restart, Supervisor, SupervisorExit, SupervisorMsg, SupervisorSpec,
 };
-use ractor::{Actor, ActorCell, ActorRef};
+use ractor::ActorRef;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -18,46 +18,18 @@ use tokio::sync::oneshot;
 pub async fn start(
     shared: Arc<Shared>,
 ) -> Result<(ActorRef<SupervisorMsg>, oneshot::Receiver<SupervisorExit>), ractor::SpawnErr> {
-    let s = shared.clone();
-    let sessions = ChildSpec::new("sessions", Restart::Permanent, move |sup: ActorCell| {
-        let s = s.clone();
-        async move {
-            Actor::spawn_linked(None, Sessions, s, sup)
-                .await
-                .map(|(a, _)| a.get_cell())
-                .map_err(|e| e.to_string())
-        }
-    })
-    // Ending every session kills its processes: allow for the stop deadline.
-    .shutdown_timeout(Duration::from_secs(15));
-    let s = shared.clone();
-    let terminals = ChildSpec::new("terminals", Restart::Permanent, move |sup: ActorCell| {
-        let s = s.clone();
-        async move {
-            Actor::spawn_linked(None, Terminals, s, sup)
-                .await
-                .map(|(a, _)| a.get_cell())
-                .map_err(|e| e.to_string())
-        }
-    })
-    .shutdown_timeout(Duration::from_secs(10));
-    let s = shared.clone();
-    let connection = ChildSpec::new("connection", Restart::Permanent, move |sup: ActorCell| {
-        let s = s.clone();
-        async move {
-            Actor::spawn_linked(None, Connection, s, sup)
-                .await
-                .map(|(a, _)| a.get_cell())
-                .map_err(|e| match e {
-                    ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
-                    other => other.to_string(),
-                })
-        }
-    })
-    .backoff(shared.config.reconnect_backoff)
-    .max_attempts(shared.config.reconnect_max_attempts)
-    .significant()
-    .shutdown_timeout(Duration::from_secs(5));
+    let sessions = ChildSpec::restartable("sessions", Restart::Permanent, Sessions, shared.clone())
+        // Ending every session kills its processes: allow for the stop deadline.
+        .shutdown_timeout(Duration::from_secs(15));
+    let terminals =
+        ChildSpec::restartable("terminals", Restart::Permanent, Terminals, shared.clone())
+            .shutdown_timeout(Duration::from_secs(10));
+    let connection =
+        ChildSpec::restartable("connection", Restart::Permanent, Connection, shared.clone())
+            .backoff(shared.config.reconnect_backoff)
+            .max_attempts(shared.config.reconnect_max_attempts)
+            .significant()
+            .shutdown_timeout(Duration::from_secs(5));
     Supervisor::start(SupervisorSpec {
         strategy: crate::supervisor::Strategy::OneForOne,
         // Reconnects are bounded by the connection's own attempts, not by

@@ -1,22 +1,32 @@
 //! One session: its workspace, lease token, processes and tool calls.
 //!
 //! The session actor routes process and tool requests to its children and
-//! owns their specs (for idempotent starts). `session.stop` terminates every
-//! process group (SIGTERM, SIGKILL at the deadline, then every process still
-//! carrying the session's tag), removes the workspace, answers, and stops
-//! the actor with `ended:<reason>` so the sessions supervisor reports
-//! `session.ended`.
+//! owns their specs (for idempotent starts). Its process and tool actors
+//! are `temporary` children of a dynamic supervisor linked under it: a
+//! child that crashes ends alone, and its exit reaches the session as
+//! [`SessionMsg::ChildExited`] (a crashed process is killed by its tag and
+//! reported `failed`; a crashed tool call gets an error `tool.result`).
+//!
+//! Tool results and `session.ready` are kept in outboxes until the harness
+//! acknowledges them. `session.stop` terminates every process group
+//! (SIGTERM, SIGKILL at the deadline, then every process still carrying the
+//! session's tag), removes the workspace, answers, tells the sessions actor
+//! why it ends, and stops.
 
 use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
+use super::sessions::SessionsMsg;
 use super::tool::{ToolActor, ToolArgs, ToolMsg};
+use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
+use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
+use crate::supervisor::{ChildSpec, Exit};
 use crate::wire::types::{
     Accepted, ProcessReadParams, ProcessRefParams, ProcessTerminateParams, ProcessWriteParams,
 };
 use crate::wire::types::{
-    AssignParams, ProcState, ProcessListResult, ProcessStartParams, ProcessState, ReadyParams,
-    SessionStatus, StatusParams, StopParams, StopResult, ToolCallParams, ToolCancelParams,
-    ToolCancelResult,
+    AssignParams, ProcState, ProcessListResult, ProcessStartParams, ProcessState,
+    ProcessStatusParams, ReadyParams, SessionStatus, StatusParams, StopParams, StopResult,
+    ToolCallParams, ToolCancelParams, ToolCancelResult, ToolResultParams,
 };
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -57,9 +67,56 @@ pub enum SessionMsg {
     ProcessChanged(ProcessState),
     /// A resumed register succeeded: re-send what is unacknowledged.
     Reconnected,
-    /// session.ready was acknowledged.
-    ReadyAcked,
+    /// The connection is gone: hold deliveries until it is back.
+    Disconnected,
+    /// A tool call finished (from its actor, which then ends).
+    ToolDone(Box<ToolResultParams>),
+    /// A process or tool actor ended (from the session's supervisor).
+    ChildExited(ChildExit),
+    /// `tool.result` delivery.
+    ToolResults(OutboxEvent<String>),
+    /// `session.ready` delivery.
+    Ready(OutboxEvent<()>),
+    /// Test hook: panic in the handler (`None`), or make one child panic.
+    #[doc(hidden)]
+    Panic(Option<SessionChild>),
 }
+
+/// A child of the session's supervisor, by id. The one place a child id is
+/// made and read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionChild {
+    Process(String),
+    Tool(String),
+}
+
+impl SessionChild {
+    pub fn id(&self) -> String {
+        match self {
+            SessionChild::Process(p) => format!("process/{p}"),
+            SessionChild::Tool(t) => format!("tool/{t}"),
+        }
+    }
+
+    pub fn parse(id: &str) -> Option<SessionChild> {
+        if let Some(p) = id.strip_prefix("process/") {
+            return Some(SessionChild::Process(p.to_owned()));
+        }
+        id.strip_prefix("tool/")
+            .map(|t| SessionChild::Tool(t.to_owned()))
+    }
+}
+
+/// A tool call as the session knows it.
+enum ToolCall {
+    Running(ActorRef<ToolMsg>),
+    /// Finished: the result is kept so a repeated `tool.call` of the same
+    /// id re-sends it instead of running the tool again (at most once).
+    Done(Box<ToolResultParams>),
+}
+
+/// Tool results kept while the harness is away, per session.
+const TOOL_RESULTS_MAX: usize = 65_536;
 
 pub struct SessionArgs {
     pub shared: Arc<Shared>,
@@ -82,9 +139,12 @@ pub struct SessionState {
     workspace: PathBuf,
     scope: String,
     processes: HashMap<String, ProcEntry>,
-    tools: HashMap<String, ActorRef<ToolMsg>>,
+    tools: HashMap<String, ToolCall>,
+    /// The dynamic supervisor of this session's process and tool actors.
+    children: ActorRef<DynamicMsg>,
+    results: Delivery<String, ToolResultParams>,
+    ready: Delivery<(), ReadyParams>,
     read_slots: Arc<Semaphore>,
-    ready_acked: bool,
     stopping: bool,
 }
 
@@ -138,34 +198,88 @@ impl SessionState {
         }
     }
 
-    fn send_ready(&self, myself: &ActorRef<SessionMsg>) {
-        let Some(link) = self.shared.link() else {
-            return;
-        };
+    /// Keep `session.ready` (for the current lease token) until acknowledged.
+    fn send_ready(&mut self, myself: &ActorRef<SessionMsg>) {
         let params = ReadyParams {
             session_id: self.id.clone(),
             work_id: self.work_id.clone(),
             lease_token: self.lease_token.clone(),
         };
-        let (me, timeout) = (myself.clone(), self.shared.config.request_timeout);
-        tokio::spawn(async move {
-            for attempt in 0..5u32 {
-                match link
-                    .request::<_, serde_json::Value>(Method::SessionReady, &params, timeout)
-                    .await
-                {
-                    Ok(_) => {
-                        let _ = me.send_message(SessionMsg::ReadyAcked);
-                        return;
-                    }
-                    Err(crate::wire::CallError::Closed) => return,
-                    Err(e) => {
-                        tracing::warn!(session = %params.session_id, error = %e, "session.ready not acknowledged");
-                        tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
-                    }
+        let _ = self.ready.push((), params);
+        self.ready.pump(&self.shared, myself, SessionMsg::Ready);
+    }
+
+    fn deliver_result(&mut self, myself: &ActorRef<SessionMsg>, result: ToolResultParams) {
+        let id = result.tool_call_id.clone();
+        if let Err(e) = self.results.push(id.clone(), result.clone()) {
+            tracing::error!(tool_call = %id, error = %e, "tool.result cannot be kept");
+        }
+        self.tools.insert(id, ToolCall::Done(Box::new(result)));
+        self.results
+            .pump(&self.shared, myself, SessionMsg::ToolResults);
+    }
+
+    /// A process or tool actor ended. A crash is never silent: the process
+    /// is killed by its tag and reported `failed`; the tool call gets an
+    /// error result.
+    fn child_exited(&mut self, myself: &ActorRef<SessionMsg>, exit: ChildExit) {
+        let Exit::Abnormal(why) = exit.exit else {
+            return;
+        };
+        match SessionChild::parse(&exit.id) {
+            Some(SessionChild::Process(pid)) => {
+                tracing::error!(session = %self.id, process = %pid, error = %why, "process actor crashed");
+                self.shared
+                    .processes
+                    .remove(&crate::executor::runtime::process_key(&self.id, &pid));
+                let scope = format!("{}{}", self.scope, safe_name(&pid));
+                tokio::task::spawn_blocking(move || {
+                    crate::process::sys::kill_tree(None, None, &scope)
+                });
+                let Some(entry) = self.processes.get_mut(&pid) else {
+                    return;
+                };
+                if entry.state.is_final() {
+                    return;
+                }
+                entry.state = ProcState::Failed;
+                if let Some(link) = self.shared.link() {
+                    let _ = link.notify(
+                        Method::ProcessStatus,
+                        &ProcessStatusParams {
+                            session_id: self.id.clone(),
+                            process_id: pid,
+                            state: ProcState::Failed,
+                            exit_code: None,
+                            exit_signal: None,
+                            ended_at: Some(crate::wire::types::now_rfc3339()),
+                            reason: Some("internal_error".into()),
+                            observed_at: crate::wire::types::now_rfc3339(),
+                        },
+                    );
                 }
             }
-        });
+            Some(SessionChild::Tool(tid)) => {
+                if !matches!(self.tools.get(&tid), Some(ToolCall::Running(_))) {
+                    return;
+                }
+                tracing::error!(session = %self.id, tool_call = %tid, error = %why, "tool actor crashed");
+                let result = ToolResultParams {
+                    session_id: self.id.clone(),
+                    tool_call_id: tid,
+                    outcome: crate::wire::types::Outcome::Failed,
+                    is_error: true,
+                    content: vec![crate::wire::types::ContentBlock::text(
+                        "the tool call failed inside the executor".to_owned(),
+                    )],
+                    artifacts: Vec::new(),
+                    duration_ms: 0,
+                    reason: Some("internal_error".into()),
+                };
+                self.deliver_result(myself, result);
+            }
+            None => {}
+        }
     }
 
     /// Drop this session's processes from the router's direct map.
@@ -242,8 +356,14 @@ impl Session {
             spec: spec.clone(),
             read_slots: state.read_slots.clone(),
         };
-        match Actor::spawn_linked(None, ProcessActor, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
+        let child = SessionChild::Process(spec.process_id.clone()).id();
+        match dynamic::start_actor::<ProcessMsg>(
+            &state.children,
+            ChildSpec::temporary(child, ProcessActor, args),
+        )
+        .await
+        {
+            Ok(actor) => {
                 let _ = actor.send_message(ProcessMsg::Started { reply, wait_ms });
                 state.shared.processes.insert(
                     crate::executor::runtime::process_key(&state.id, &spec.process_id),
@@ -271,7 +391,10 @@ impl Session {
     ) {
         if let Some(existing) = state.tools.get(&p.tool_call_id) {
             // At most once: answer, and re-send the result if there is one.
-            let _ = existing.send_message(ToolMsg::Repeat);
+            if let ToolCall::Done(result) = existing {
+                let result = (**result).clone();
+                state.deliver_result(myself, result);
+            }
             return reply.ok(&Accepted::YES);
         }
         if p.tool.starts_with("computer_") {
@@ -286,12 +409,19 @@ impl Session {
         let id = p.tool_call_id.clone();
         let args = ToolArgs {
             shared: state.shared.clone(),
+            session: myself.clone(),
             workspace: state.workspace.clone(),
             params: p,
         };
-        match Actor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
-                state.tools.insert(id, actor);
+        let child = SessionChild::Tool(id.clone()).id();
+        match dynamic::start_actor::<ToolMsg>(
+            &state.children,
+            ChildSpec::temporary(child, ToolActor, args),
+        )
+        .await
+        {
+            Ok(actor) => {
+                state.tools.insert(id, ToolCall::Running(actor));
                 reply.ok(&Accepted::YES);
             }
             Err(e) => reply.err(RpcError::internal(format!("tool actor: {e}"))),
@@ -317,7 +447,9 @@ impl Session {
         tracing::info!(session = %state.id, %reason, "stopping session");
         state.status(SessionStatus::Stopping, Some(reason.clone()));
         for t in state.tools.values() {
-            let _ = t.send_message(ToolMsg::Cancel("session_stopped".into()));
+            if let ToolCall::Running(t) = t {
+                let _ = t.send_message(ToolMsg::Cancel("session_stopped".into()));
+            }
         }
         // SIGTERM every live group, give them until the deadline.
         let mut waits = Vec::new();
@@ -343,12 +475,7 @@ impl Session {
             tokio::task::spawn_blocking(move || crate::process::sys::kill_tree(None, None, &scope))
                 .await;
         state.forget_processes();
-        for p in state.processes.values() {
-            p.actor.stop(Some("shutdown".into()));
-        }
-        for t in state.tools.values() {
-            t.stop(Some("shutdown".into()));
-        }
+        dynamic::shutdown(&state.children, Duration::from_secs(5)).await;
         if !keep_workspace {
             if let Err(e) = tokio::fs::remove_dir_all(&state.workspace).await {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -360,7 +487,18 @@ impl Session {
         if let Some(r) = reply {
             r.ok(&StopResult { stopped: true });
         }
-        myself.stop(Some(format!("ended:{reason}")));
+        if !state.results.outbox().is_empty() {
+            let undelivered: Vec<&String> = state.results.outbox().keys().collect();
+            tracing::error!(session = %state.id, ?undelivered, "tool.result never acknowledged; giving up as the session ends");
+        }
+        // The sessions actor learns why before it sees the exit.
+        if let Some(sessions) = state.shared.sessions_actor() {
+            let _ = sessions.send_message(SessionsMsg::Ending {
+                session_id: state.id.clone(),
+                reason,
+            });
+        }
+        myself.stop(None);
     }
 }
 
@@ -371,7 +509,7 @@ impl Actor for Session {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<SessionMsg>,
+        myself: ActorRef<SessionMsg>,
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
         let p = args.params;
@@ -379,6 +517,12 @@ impl Actor for Session {
         tokio::fs::create_dir_all(&workspace).await?;
         let workspace = tokio::fs::canonicalize(&workspace).await?;
         let reads = args.shared.limits().concurrent_process_reads() as usize;
+        let me = myself.clone();
+        let spec = DynamicSpec::new("session").on_exit(move |exit| {
+            let _ = me.send_message(SessionMsg::ChildExited(exit));
+        });
+        let children = DynamicSupervisor::start_linked(spec, myself.get_cell()).await?;
+        let connected = args.shared.link().is_some();
         let state = SessionState {
             scope: session_scope(&args.shared.instance, &p.session_id),
             shared: args.shared,
@@ -388,8 +532,10 @@ impl Actor for Session {
             workspace,
             processes: HashMap::new(),
             tools: HashMap::new(),
+            children,
+            results: Delivery::new(Method::ToolResult, false, TOOL_RESULTS_MAX, connected),
+            ready: Delivery::new(Method::SessionReady, false, 1, connected),
             read_slots: Arc::new(Semaphore::new(reads)),
-            ready_acked: false,
             stopping: false,
         };
         state.status(SessionStatus::Starting, None);
@@ -421,6 +567,7 @@ impl Actor for Session {
             crate::process::sys::kill_tree(None, None, &state.scope);
             let _ = tokio::fs::remove_dir_all(&state.workspace).await;
         }
+        dynamic::shutdown(&state.children, Duration::from_secs(5)).await;
         Ok(())
     }
 
@@ -442,7 +589,6 @@ impl Actor for Session {
             }
             SessionMsg::Renewed { lease_token } => {
                 state.lease_token = lease_token;
-                state.ready_acked = false;
                 state.send_ready(&myself);
             }
             SessionMsg::Stop {
@@ -460,14 +606,40 @@ impl Actor for Session {
                 }
             }
             SessionMsg::Reconnected => {
-                if !state.ready_acked {
-                    state.send_ready(&myself);
-                }
-                for t in state.tools.values() {
-                    let _ = t.send_message(ToolMsg::Reconnected);
+                state.ready.connected();
+                state.ready.pump(&state.shared, &myself, SessionMsg::Ready);
+                state.results.connected();
+                state
+                    .results
+                    .pump(&state.shared, &myself, SessionMsg::ToolResults);
+            }
+            SessionMsg::Disconnected => {
+                state.ready.disconnected();
+                state.results.disconnected();
+            }
+            SessionMsg::ToolDone(result) => state.deliver_result(&myself, *result),
+            SessionMsg::ChildExited(exit) => state.child_exited(&myself, exit),
+            SessionMsg::ToolResults(event) => {
+                state
+                    .results
+                    .on_event(event, &state.shared, &myself, SessionMsg::ToolResults)
+            }
+            SessionMsg::Ready(event) => {
+                state
+                    .ready
+                    .on_event(event, &state.shared, &myself, SessionMsg::Ready)
+            }
+            SessionMsg::Panic(None) => panic!("injected panic (test hook)"),
+            SessionMsg::Panic(Some(SessionChild::Process(id))) => {
+                if let Some(p) = state.processes.get(&id) {
+                    let _ = p.actor.send_message(ProcessMsg::Panic);
                 }
             }
-            SessionMsg::ReadyAcked => state.ready_acked = true,
+            SessionMsg::Panic(Some(SessionChild::Tool(id))) => {
+                if let Some(ToolCall::Running(t)) = state.tools.get(&id) {
+                    let _ = t.send_message(ToolMsg::Panic);
+                }
+            }
         }
         Ok(())
     }
@@ -538,7 +710,9 @@ impl Session {
             SessionRequest::ToolCall(p) => self.tool_call(myself, state, p, reply).await,
             SessionRequest::ToolCancel(p) => match state.tools.get(&p.tool_call_id) {
                 Some(t) => {
-                    let _ = t.send_message(ToolMsg::Cancel(p.reason));
+                    if let ToolCall::Running(t) = t {
+                        let _ = t.send_message(ToolMsg::Cancel(p.reason));
+                    }
                     reply.ok(&ToolCancelResult { canceled: true });
                 }
                 None => reply.err(RpcError::not_found(format!(

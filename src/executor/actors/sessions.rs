@@ -9,13 +9,15 @@
 
 use super::connection::ConnMsg;
 use super::session::{Session, SessionArgs, SessionMsg};
+use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
 use crate::lease::{AssignDecision, LeaseClock, SessionFence};
-use crate::supervisor::Exit;
-use crate::wire::types::{AssignParams, AssignResult, EndedParams};
+use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
+use crate::supervisor::{ChildSpec, Exit};
+use crate::wire::types::{AssignParams, AssignResult, EndReason, EndedParams};
 use crate::wire::{Method, Responder, RpcError};
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -38,10 +40,16 @@ pub enum SessionsMsg {
         done: ActorRef<ConnMsg>,
     },
     DrainDeadline,
-    /// Retry undelivered `session.ended`.
-    FlushEnded,
-    EndedAcked(String),
-    EndedFailed(String),
+    /// A session is about to stop for this reason (sent by the session
+    /// itself, before its exit reaches us through the supervisor).
+    Ending {
+        session_id: String,
+        reason: String,
+    },
+    /// A session actor ended (from the sessions' dynamic supervisor).
+    Exited(ChildExit),
+    /// `session.ended` delivery.
+    Ended(OutboxEvent<String>),
 }
 
 struct Entry {
@@ -49,65 +57,39 @@ struct Entry {
     fence: SessionFence,
 }
 
+#[derive(Clone)]
 pub struct Sessions;
 
 pub struct SessionsState {
     shared: Arc<Shared>,
+    /// The dynamic supervisor the session actors are `temporary` children of.
+    sup: ActorRef<DynamicMsg>,
     sessions: HashMap<String, Entry>,
-    by_actor: HashMap<ActorId, String>,
+    /// Why each stopping session stops (from [`SessionsMsg::Ending`]).
+    ending: HashMap<String, String>,
     /// Highest fencing token of sessions that ended, so a stale re-assign
     /// of an ended session is still refused.
     retired: HashMap<String, u64>,
     clock: LeaseClock,
     origin: Instant,
     connected: bool,
-    /// session.ended not yet acknowledged: session id → reason.
-    ended: BTreeMap<String, String>,
-    ended_in_flight: HashSet<String>,
+    /// `session.ended` kept until the harness acknowledges it.
+    ended: Delivery<String, EndedParams>,
     drain: Option<ActorRef<ConnMsg>>,
 }
 
 const RETIRED_MAX: usize = 65_536;
+/// `session.ended` reports kept while the harness is away.
+const ENDED_MAX: usize = 65_536;
 
 impl SessionsState {
     fn now(&self) -> u64 {
         self.origin.elapsed().as_millis() as u64
     }
 
-    fn flush_ended(&mut self, myself: &ActorRef<SessionsMsg>) {
-        let Some(link) = self.shared.link() else {
-            return;
-        };
-        let timeout = self.shared.config.request_timeout;
-        for (id, reason) in &self.ended {
-            if !self.ended_in_flight.insert(id.clone()) {
-                continue;
-            }
-            let (link, me) = (link.clone(), myself.clone());
-            let params = EndedParams {
-                session_id: id.clone(),
-                reason: reason.clone(),
-            };
-            tokio::spawn(async move {
-                let r = link
-                    .request::<_, serde_json::Value>(Method::SessionEnded, &params, timeout)
-                    .await;
-                let _ = me.send_message(match r {
-                    Ok(_) => SessionsMsg::EndedAcked(params.session_id),
-                    // The harness answered, even with an error: it knows.
-                    Err(crate::wire::CallError::Rpc(e)) => {
-                        tracing::warn!(session = %params.session_id, error = %e, "session.ended refused");
-                        SessionsMsg::EndedAcked(params.session_id)
-                    }
-                    Err(_) => SessionsMsg::EndedFailed(params.session_id),
-                });
-            });
-        }
-    }
-
     fn check_drained(&self) {
         if let Some(done) = &self.drain {
-            if self.sessions.is_empty() && self.ended.is_empty() {
+            if self.sessions.is_empty() && self.ended.outbox().is_empty() {
                 let _ = done.send_message(ConnMsg::Drained);
             }
         }
@@ -126,13 +108,7 @@ impl SessionsState {
 }
 
 impl Sessions {
-    async fn assign(
-        &self,
-        myself: &ActorRef<SessionsMsg>,
-        state: &mut SessionsState,
-        p: AssignParams,
-        reply: Responder,
-    ) {
+    async fn assign(&self, state: &mut SessionsState, p: AssignParams, reply: Responder) {
         let accepted = AssignResult {
             accepted: true,
             session_id: p.session_id.clone(),
@@ -171,9 +147,11 @@ impl Sessions {
             shared: state.shared.clone(),
             params: p.clone(),
         };
-        match Actor::spawn_linked(None, Session, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
-                state.by_actor.insert(actor.get_id(), p.session_id.clone());
+        let spec = ChildSpec::temporary(p.session_id.clone(), Session, args)
+            // Ending a session kills its processes: allow for the deadline.
+            .shutdown_timeout(Duration::from_secs(12));
+        match dynamic::start_actor::<SessionMsg>(&state.sup, spec).await {
+            Ok(actor) => {
                 state
                     .shared
                     .sessions
@@ -185,7 +163,6 @@ impl Sessions {
                         fence: SessionFence::new(p.lease.fencing_token, p.lease.token.clone()),
                     },
                 );
-                state.ended.remove(&p.session_id);
                 reply.ok(&accepted);
             }
             Err(e) => {
@@ -199,12 +176,9 @@ impl Sessions {
         &self,
         myself: &ActorRef<SessionsMsg>,
         state: &mut SessionsState,
-        id: ActorId,
-        exit: Exit,
+        exit: ChildExit,
     ) {
-        let Some(session_id) = state.by_actor.remove(&id) else {
-            return;
-        };
+        let session_id = exit.id;
         state.shared.sessions.remove(&session_id);
         if let Some(entry) = state.sessions.remove(&session_id) {
             if state.retired.len() >= RETIRED_MAX {
@@ -214,27 +188,32 @@ impl Sessions {
                 .retired
                 .insert(session_id.clone(), entry.fence.highest());
         }
-        let reason = match &exit {
-            Exit::Abnormal(why) => match why.strip_prefix("ended:") {
-                Some(r) => r.to_owned(),
-                None => {
-                    tracing::error!(session = %session_id, error = %why, "session crashed; ending it");
-                    // Its process actors may be gone with it: kill by tag.
-                    crate::process::sys::kill_scope(
-                        None,
-                        &super::session::session_scope(&state.shared.instance, &session_id),
-                    );
-                    let _ = std::fs::remove_dir_all(super::session::workspace_dir(
-                        &state.shared.config.work_root,
-                        &session_id,
-                    ));
-                    "internal_error".to_owned()
-                }
-            },
-            Exit::Shutdown(_) | Exit::Normal => "shutdown".to_owned(),
+        let told = state.ending.remove(&session_id);
+        let reason = match (&exit.exit, told) {
+            (Exit::Abnormal(why), _) => {
+                tracing::error!(session = %session_id, error = %why, "session crashed; ending it");
+                // Its process actors may be gone with it: kill by tag.
+                crate::process::sys::kill_scope(
+                    None,
+                    &super::session::session_scope(&state.shared.instance, &session_id),
+                );
+                let _ = std::fs::remove_dir_all(super::session::workspace_dir(
+                    &state.shared.config.work_root,
+                    &session_id,
+                ));
+                EndReason::INTERNAL_ERROR.to_owned()
+            }
+            (_, Some(reason)) => reason,
+            (Exit::Normal | Exit::Shutdown(_), None) => EndReason::SHUTDOWN.to_owned(),
         };
-        state.ended.insert(session_id, reason);
-        state.flush_ended(myself);
+        let params = EndedParams {
+            session_id: session_id.clone(),
+            reason,
+        };
+        if let Err(e) = state.ended.push(session_id.clone(), params) {
+            tracing::error!(session = %session_id, error = %e, "session.ended cannot be kept");
+        }
+        state.ended.pump(&state.shared, myself, SessionsMsg::Ended);
         state.check_drained();
     }
 }
@@ -250,16 +229,21 @@ impl Actor for Sessions {
         shared: Arc<Shared>,
     ) -> Result<SessionsState, ActorProcessingErr> {
         shared.set_sessions_actor(Some(myself.clone()));
+        let me = myself.clone();
+        let spec = DynamicSpec::new("sessions").on_exit(move |exit| {
+            let _ = me.send_message(SessionsMsg::Exited(exit));
+        });
+        let sup = DynamicSupervisor::start_linked(spec, myself.get_cell()).await?;
         Ok(SessionsState {
             shared,
+            sup,
             sessions: HashMap::new(),
-            by_actor: HashMap::new(),
+            ending: HashMap::new(),
             retired: HashMap::new(),
             clock: LeaseClock::new(crate::wire::types::RegisterResult::DEFAULT_LEASE_TTL_MS),
             origin: Instant::now(),
             connected: false,
-            ended: BTreeMap::new(),
-            ended_in_flight: HashSet::new(),
+            ended: Delivery::new(Method::SessionEnded, true, ENDED_MAX, false),
             drain: None,
         })
     }
@@ -271,14 +255,8 @@ impl Actor for Sessions {
     ) -> Result<(), ActorProcessingErr> {
         state.shared.set_sessions_actor(None);
         // End every session in parallel; each kills its process tree.
-        state.stop_all("shutdown");
-        for e in state.sessions.values() {
-            let _ = e
-                .actor
-                .get_cell()
-                .stop_and_wait(None, Some(Duration::from_secs(12)))
-                .await;
-        }
+        state.stop_all(EndReason::SHUTDOWN);
+        dynamic::shutdown(&state.sup, Duration::from_secs(15)).await;
         state.shared.sessions.clear();
         crate::process::sys::kill_scope(None, &format!("{}/", state.shared.instance));
         Ok(())
@@ -293,16 +271,14 @@ impl Actor for Sessions {
         match msg {
             SessionsMsg::Assign(p, reply) => {
                 let span = tracing::info_span!("session", session = %p.session_id);
-                self.assign(&myself, state, *p, reply)
-                    .instrument(span)
-                    .await
+                self.assign(state, *p, reply).instrument(span).await
             }
             SessionsMsg::Registered { lease_ttl_ms } => {
                 let now = state.now();
                 state.clock.on_registered(now, lease_ttl_ms);
                 state.connected = true;
-                state.ended_in_flight.clear();
-                state.flush_ended(&myself);
+                state.ended.connected();
+                state.ended.pump(&state.shared, &myself, SessionsMsg::Ended);
                 if let Some(t) = state.shared.terminals_actor() {
                     let _ = t.send_message(
                         crate::executor::actors::terminals::TerminalsMsg::Reconnected,
@@ -321,6 +297,10 @@ impl Actor for Sessions {
             SessionsMsg::Disconnected => {
                 let now = state.now();
                 state.connected = false;
+                state.ended.disconnected();
+                for e in state.sessions.values() {
+                    let _ = e.actor.send_message(SessionMsg::Disconnected);
+                }
                 state.clock.on_disconnect(now);
                 if let Some(at) = state.clock.expires_at() {
                     let wait = Duration::from_millis(at.saturating_sub(now));
@@ -339,7 +319,7 @@ impl Actor for Sessions {
                         sessions = state.sessions.len(),
                         "lease expired while disconnected: ending sessions"
                     );
-                    state.stop_all("lease_expired");
+                    state.stop_all(EndReason::LEASE_EXPIRED);
                 }
             }
             SessionsMsg::Drain { deadline, done } => {
@@ -348,44 +328,18 @@ impl Actor for Sessions {
                 state.check_drained();
             }
             SessionsMsg::DrainDeadline => {
-                state.stop_all("drain_deadline");
+                state.stop_all(EndReason::DRAIN_DEADLINE);
             }
-            SessionsMsg::FlushEnded => state.flush_ended(&myself),
-            SessionsMsg::EndedAcked(id) => {
-                state.ended_in_flight.remove(&id);
-                state.ended.remove(&id);
+            SessionsMsg::Ending { session_id, reason } => {
+                state.ending.insert(session_id, reason);
+            }
+            SessionsMsg::Exited(exit) => self.session_exited(&myself, state, exit),
+            SessionsMsg::Ended(event) => {
+                state
+                    .ended
+                    .on_event(event, &state.shared, &myself, SessionsMsg::Ended);
                 state.check_drained();
             }
-            SessionsMsg::EndedFailed(id) => {
-                state.ended_in_flight.remove(&id);
-                if state.connected {
-                    myself.send_after(Duration::from_millis(500), || SessionsMsg::FlushEnded);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn handle_supervisor_evt(
-        &self,
-        myself: ActorRef<SessionsMsg>,
-        event: SupervisionEvent,
-        state: &mut SessionsState,
-    ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => self.session_exited(
-                &myself,
-                state,
-                cell.get_id(),
-                Exit::from_reason(reason.as_deref()),
-            ),
-            SupervisionEvent::ActorFailed(cell, err) => self.session_exited(
-                &myself,
-                state,
-                cell.get_id(),
-                Exit::Abnormal(err.to_string()),
-            ),
-            _ => {}
         }
         Ok(())
     }

@@ -73,6 +73,9 @@ pub enum TerminalMsg {
     Escalate,
     /// The connection came back: streams resume from their acked seq.
     Reconnected,
+    /// Test hook: panic in the handler (a crash the tests inject).
+    #[doc(hidden)]
+    Panic,
 }
 
 pub struct TerminalArgs {
@@ -612,6 +615,7 @@ impl Actor for TerminalActor {
                     myself.send_after(grace, || TerminalMsg::Escalate);
                 }
             }
+            TerminalMsg::Panic => panic!("injected panic (test hook)"),
             TerminalMsg::Escalate => {
                 if state.exit_code.is_none() {
                     state.kill_tree();

@@ -10,13 +10,15 @@
 use super::session::safe_name;
 use super::terminal::{self, TerminalActor, TerminalArgs, TerminalMsg};
 use crate::executor::Shared;
+use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
+use crate::supervisor::{ChildSpec, Exit};
 use crate::wire::types::TerminalCapability;
 use crate::wire::types::{
     TerminalAttachParams, TerminalCloseParams, TerminalInputParams, TerminalOpenParams,
     TerminalResizeParams,
 };
 use crate::wire::{Responder, RpcError};
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +55,11 @@ pub enum TerminalsMsg {
         terminal_id: String,
         actor: ActorId,
     },
+    /// A terminal actor ended (from the terminals' dynamic supervisor).
+    Exited(ChildExit),
+    /// Test hook: crash one terminal's actor.
+    #[doc(hidden)]
+    PanicTerminal(String),
 }
 
 /// What this executor advertises for terminals.
@@ -82,15 +89,22 @@ fn same_spec(a: &TerminalOpenParams, b: &TerminalOpenParams) -> bool {
 
 struct Entry {
     actor: ActorRef<TerminalMsg>,
+    /// Its id under the supervisor: the terminal id and a serial, because
+    /// a closed id may be opened again before the old actor's exit is seen.
+    child: String,
     spec: TerminalOpenParams,
     scope: String,
 }
 
+#[derive(Clone)]
 pub struct Terminals;
 
 pub struct TerminalsState {
     shared: Arc<Shared>,
+    /// The dynamic supervisor the terminal actors are `temporary` children of.
+    sup: ActorRef<DynamicMsg>,
     terminals: HashMap<String, Entry>,
+    serial: u64,
 }
 
 impl TerminalsState {
@@ -137,13 +151,17 @@ impl TerminalsState {
             terminals: myself.clone(),
             scope: scope.clone(),
         };
-        match Actor::spawn_linked(None, TerminalActor, args, myself.get_cell()).await {
-            Ok((actor, _)) => {
+        self.serial += 1;
+        let child = format!("{}#{}", p.terminal_id, self.serial);
+        let spec = ChildSpec::temporary(child.clone(), TerminalActor, args);
+        match dynamic::start_actor::<TerminalMsg>(&self.sup, spec).await {
+            Ok(actor) => {
                 let _ = actor.send_message(TerminalMsg::Open(reply));
                 self.terminals.insert(
                     p.terminal_id.clone(),
                     Entry {
                         actor,
+                        child,
                         spec: p,
                         scope,
                     },
@@ -151,7 +169,7 @@ impl TerminalsState {
             }
             Err(e) => {
                 let message = match e {
-                    ractor::SpawnErr::StartupFailed(inner) => inner.to_string(),
+                    dynamic::StartChildError::Failed(inner) => inner,
                     other => other.to_string(),
                 };
                 tracing::info!(terminal = %p.terminal_id, %message, "terminal spawn failed");
@@ -183,13 +201,23 @@ impl TerminalsState {
         let _ = e.actor.send_message(msg);
     }
 
-    fn remove_actor(&mut self, id: ActorId) -> Option<Entry> {
+    /// A terminal actor ended: forget it; if it crashed, its post_stop may
+    /// not have run, so kill its tree here.
+    fn exited(&mut self, exit: ChildExit) {
         let key = self
             .terminals
             .iter()
-            .find(|(_, e)| e.actor.get_id() == id)
-            .map(|(k, _)| k.clone())?;
-        self.terminals.remove(&key)
+            .find(|(_, e)| e.child == exit.id)
+            .map(|(k, _)| k.clone());
+        let entry = key.and_then(|k| self.terminals.remove(&k));
+        if let Exit::Abnormal(why) = &exit.exit {
+            tracing::warn!(terminal = %exit.id, error = %why, "terminal actor failed");
+            if let Some(e) = entry {
+                tokio::task::spawn_blocking(move || {
+                    crate::process::sys::kill_scope(None, &e.scope)
+                });
+            }
+        }
     }
 }
 
@@ -203,10 +231,17 @@ impl Actor for Terminals {
         myself: ActorRef<TerminalsMsg>,
         shared: Arc<Shared>,
     ) -> Result<TerminalsState, ActorProcessingErr> {
-        shared.set_terminals_actor(Some(myself));
+        shared.set_terminals_actor(Some(myself.clone()));
+        let me = myself.clone();
+        let spec = DynamicSpec::new("terminals").on_exit(move |exit| {
+            let _ = me.send_message(TerminalsMsg::Exited(exit));
+        });
+        let sup = DynamicSupervisor::start_linked(spec, myself.get_cell()).await?;
         Ok(TerminalsState {
             shared,
+            sup,
             terminals: HashMap::new(),
+            serial: 0,
         })
     }
 
@@ -218,14 +253,8 @@ impl Actor for Terminals {
         state.shared.set_terminals_actor(None);
         // Each terminal kills its tree as it stops; then a sweep of the
         // terminals' scope catches anything that escaped (no orphans).
-        let stops = state.terminals.drain().map(|(_, e)| async move {
-            let _ = e
-                .actor
-                .get_cell()
-                .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
-                .await;
-        });
-        futures_util::future::join_all(stops).await;
+        state.terminals.clear();
+        dynamic::shutdown(&state.sup, Duration::from_secs(10)).await;
         let scope = terminals_scope(&state.shared.instance);
         let _ = tokio::task::spawn_blocking(move || {
             crate::process::sys::kill_scope(None, &scope);
@@ -260,32 +289,12 @@ impl Actor for Terminals {
                     state.terminals.remove(&terminal_id);
                 }
             }
-        }
-        Ok(())
-    }
-
-    /// A terminal ended: forget it. ractor's default would stop this
-    /// supervisor (and every other terminal) with it.
-    async fn handle_supervisor_evt(
-        &self,
-        _myself: ActorRef<TerminalsMsg>,
-        event: SupervisionEvent,
-        state: &mut TerminalsState,
-    ) -> Result<(), ActorProcessingErr> {
-        match event {
-            SupervisionEvent::ActorTerminated(cell, ..) => {
-                state.remove_actor(cell.get_id());
-            }
-            SupervisionEvent::ActorFailed(cell, err) => {
-                tracing::warn!(error = %err, "terminal actor failed");
-                if let Some(e) = state.remove_actor(cell.get_id()) {
-                    // Its post_stop may not have run: kill the tree here.
-                    tokio::task::spawn_blocking(move || {
-                        crate::process::sys::kill_scope(None, &e.scope)
-                    });
+            TerminalsMsg::Exited(exit) => state.exited(exit),
+            TerminalsMsg::PanicTerminal(id) => {
+                if let Some(e) = state.terminals.get(&id) {
+                    let _ = e.actor.send_message(TerminalMsg::Panic);
                 }
             }
-            _ => {}
         }
         Ok(())
     }

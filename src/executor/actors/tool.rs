@@ -1,38 +1,35 @@
-//! One tool call: runs the tool once, keeps the result, and sends
-//! `tool.result` until the harness acknowledges it: 5 attempts per
-//! connection with backoff from 500 ms, then again after every reconnect,
-//! for as long as the session lives. A result that could never be delivered
-//! is logged when the session ends, never dropped silently.
+//! One tool call: runs the tool once, hands the result to its session and
+//! ends. The session keeps the result in its outbox and sends `tool.result`
+//! until the harness acknowledges it (with backoff, and again after every
+//! reconnect), so a result outlives the actor that produced it; a crash of
+//! this actor is answered by the session with an error result.
 
+use super::session::SessionMsg;
 use crate::executor::Shared;
 use crate::tools::{Outcome as ToolOutcome, ToolContext, ToolOutput};
 use crate::wire::types::{
     ContentBlock, Outcome, ToolCallParams, ToolProgressParams, ToolResultParams,
 };
-use crate::wire::{CallError, Method};
+use crate::wire::Method;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Attempts per connection before waiting for a reconnect.
-const ATTEMPTS_PER_CONNECTION: u32 = 5;
-const FIRST_RETRY: Duration = Duration::from_millis(500);
-
 pub enum ToolMsg {
     /// The tool finished.
     Done(ToolOutput),
-    /// The same toolCallId arrived again: re-send the result if any.
-    Repeat,
     Cancel(String),
-    Reconnected,
-    Delivered,
-    DeliveryFailed,
+    /// Test hook: panic in the handler (a crash the tests inject).
+    #[doc(hidden)]
+    Panic,
 }
 
 pub struct ToolArgs {
     pub shared: Arc<Shared>,
+    /// Where the result goes.
+    pub session: ActorRef<SessionMsg>,
     pub workspace: PathBuf,
     pub params: ToolCallParams,
 }
@@ -40,13 +37,13 @@ pub struct ToolArgs {
 pub struct ToolActor;
 
 pub struct ToolState {
-    shared: Arc<Shared>,
+    session: ActorRef<SessionMsg>,
     params: ToolCallParams,
     cancel: CancellationToken,
+    /// Cancels the running tool when the state is dropped, which happens
+    /// on every way out, a panic included (post_stop does not run then).
+    _stop_work: tokio_util::sync::DropGuard,
     started: Instant,
-    result: Option<ToolResultParams>,
-    acked: bool,
-    delivering: bool,
 }
 
 fn to_wire(outcome: ToolOutcome) -> Outcome {
@@ -54,45 +51,6 @@ fn to_wire(outcome: ToolOutcome) -> Outcome {
         ToolOutcome::Succeeded => Outcome::Succeeded,
         ToolOutcome::Failed => Outcome::Failed,
         ToolOutcome::Canceled => Outcome::Canceled,
-    }
-}
-
-impl ToolState {
-    fn deliver(&mut self, myself: &ActorRef<ToolMsg>) {
-        let Some(result) = self.result.clone() else {
-            return;
-        };
-        if self.delivering {
-            return;
-        }
-        let Some(link) = self.shared.link() else {
-            return;
-        };
-        self.delivering = true;
-        let (me, timeout) = (myself.clone(), self.shared.config.request_timeout);
-        tokio::spawn(async move {
-            let mut delay = FIRST_RETRY;
-            for attempt in 1..=ATTEMPTS_PER_CONNECTION {
-                match link
-                    .request::<_, serde_json::Value>(Method::ToolResult, &result, timeout)
-                    .await
-                {
-                    Ok(_) => {
-                        let _ = me.send_message(ToolMsg::Delivered);
-                        return;
-                    }
-                    Err(CallError::Closed) => break,
-                    Err(e) => {
-                        tracing::warn!(tool_call = %result.tool_call_id, attempt, error = %e, "tool.result not acknowledged");
-                        if attempt < ATTEMPTS_PER_CONNECTION {
-                            tokio::time::sleep(delay).await;
-                            delay *= 2;
-                        }
-                    }
-                }
-            }
-            let _ = me.send_message(ToolMsg::DeliveryFailed);
-        });
     }
 }
 
@@ -137,7 +95,19 @@ impl Actor for ToolActor {
         let (tool, input, deadline) = (p.tool.clone(), p.input.clone(), p.deadline_ms);
         let (me, c) = (myself.clone(), cancel.clone());
         tokio::spawn(async move {
-            let run = tools.run(&tool, ctx, input);
+            // A tool that panics is a failed call, never a call that hangs.
+            let run = async move {
+                use futures_util::FutureExt;
+                std::panic::AssertUnwindSafe(tools.run(&tool, ctx, input))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| ToolOutput {
+                        outcome: ToolOutcome::Failed,
+                        is_error: true,
+                        text: "the tool panicked inside the executor".into(),
+                        reason: Some("internal_error".into()),
+                    })
+            };
             let out = match deadline {
                 Some(ms) => match tokio::time::timeout(Duration::from_millis(ms), run).await {
                     Ok(out) => out,
@@ -156,13 +126,11 @@ impl Actor for ToolActor {
             let _ = me.send_message(ToolMsg::Done(out));
         });
         Ok(ToolState {
-            shared: args.shared,
+            session: args.session,
             params: p,
+            _stop_work: cancel.clone().drop_guard(),
             cancel,
             started: Instant::now(),
-            result: None,
-            acked: false,
-            delivering: false,
         })
     }
 
@@ -171,17 +139,8 @@ impl Actor for ToolActor {
         _myself: ActorRef<ToolMsg>,
         state: &mut ToolState,
     ) -> Result<(), ActorProcessingErr> {
+        // Stopped before the tool finished (the session ends): stop the work.
         state.cancel.cancel();
-        if let Some(r) = &state.result {
-            if !state.acked {
-                tracing::error!(
-                    session = %r.session_id,
-                    tool_call = %r.tool_call_id,
-                    outcome = ?r.outcome,
-                    "tool.result was never acknowledged; giving up as the session ends"
-                );
-            }
-        }
         Ok(())
     }
 
@@ -201,7 +160,7 @@ impl Actor for ToolActor {
                 } else {
                     to_wire(out.outcome)
                 };
-                state.result = Some(ToolResultParams {
+                let result = ToolResultParams {
                     session_id: state.params.session_id.clone(),
                     tool_call_id: state.params.tool_call_id.clone(),
                     outcome,
@@ -210,28 +169,17 @@ impl Actor for ToolActor {
                     artifacts: Vec::new(),
                     duration_ms: state.started.elapsed().as_millis() as u64,
                     reason: out.reason,
-                });
-                state.deliver(&myself);
+                };
+                let _ = state
+                    .session
+                    .send_message(SessionMsg::ToolDone(Box::new(result)));
+                myself.stop(None);
             }
-            ToolMsg::Repeat => {
-                state.delivering = false;
-                state.deliver(&myself);
-            }
+            ToolMsg::Panic => panic!("injected panic (test hook)"),
             ToolMsg::Cancel(reason) => {
                 tracing::info!(tool_call = %state.params.tool_call_id, %reason, "cancel");
                 state.cancel.cancel();
             }
-            ToolMsg::Reconnected => {
-                if !state.acked {
-                    state.delivering = false;
-                    state.deliver(&myself);
-                }
-            }
-            ToolMsg::Delivered => {
-                state.delivering = false;
-                state.acked = true;
-            }
-            ToolMsg::DeliveryFailed => state.delivering = false,
         }
         Ok(())
     }

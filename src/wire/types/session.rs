@@ -81,6 +81,22 @@ wire_struct! {
     }
 }
 
+/// The end reasons bmx itself produces in `session.ended.reason`. The
+/// field stays a string on the wire: the reason of a `session.stop` is the
+/// harness's own word and is reported back as given.
+pub struct EndReason;
+
+impl EndReason {
+    /// The executor stopped (or was told to stop the session without a reason).
+    pub const SHUTDOWN: &'static str = "shutdown";
+    /// The connection stayed away longer than the lease TTL.
+    pub const LEASE_EXPIRED: &'static str = "lease_expired";
+    /// A drain's deadline passed with the session still running.
+    pub const DRAIN_DEADLINE: &'static str = "drain_deadline";
+    /// The session's actor crashed: it is ended, never silently recreated.
+    pub const INTERNAL_ERROR: &'static str = "internal_error";
+}
+
 wire_struct! {
     pub struct EndedParams {
         pub session_id: String,

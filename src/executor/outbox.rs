@@ -1,0 +1,154 @@
+//! The actor-side driver of [`crate::wire::outbox::Outbox`]: sends what is
+//! due over the current link, turns each answer into a message to the
+//! owning actor, and keeps one timer armed for the next retry. Used by the
+//! session (tool results, `session.ready`) and the sessions actor
+//! (`session.ended`): one "deliver until acknowledged", not three.
+
+use super::Shared;
+use crate::wire::outbox::{Full, Outbox};
+use crate::wire::{CallError, Method};
+use ractor::{ActorRef, Message};
+use serde::Serialize;
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+/// What the owner feeds back into [`Delivery::on_event`].
+#[derive(Debug)]
+pub enum OutboxEvent<K> {
+    Acked(K),
+    Failed(K),
+    /// The retry timer fired.
+    Tick,
+}
+
+/// An outbox of requests of one method, and its timer.
+pub struct Delivery<K: Ord, V> {
+    outbox: Outbox<K, V>,
+    method: Method,
+    origin: Instant,
+    timer_at: Option<Duration>,
+    /// Whether an error answer counts as delivered: for `session.ended` the
+    /// harness answered, so it knows; a `tool.result` refused with an
+    /// internal error is tried again.
+    error_is_answer: bool,
+}
+
+impl<K, V> Delivery<K, V>
+where
+    K: Ord + Clone + Debug + Send + 'static,
+    V: Serialize + Clone + Send + Sync + 'static,
+{
+    pub fn new(method: Method, error_is_answer: bool, max_items: usize, connected: bool) -> Self {
+        let mut outbox = Outbox::new(crate::supervisor::Backoff::default(), max_items);
+        let origin = Instant::now();
+        if connected {
+            outbox.connected(Duration::ZERO);
+        }
+        Delivery {
+            outbox,
+            method,
+            origin,
+            timer_at: None,
+            error_is_answer,
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    pub fn outbox(&self) -> &Outbox<K, V> {
+        &self.outbox
+    }
+
+    /// Keep `value` until the harness acknowledges it (sent at the next
+    /// [`Delivery::pump`]).
+    pub fn push(&mut self, key: K, value: V) -> Result<(), Full> {
+        let now = self.now();
+        self.outbox.push(key, value, now)
+    }
+
+    /// Send a kept item again now (the harness asked for it again).
+    pub fn resend(&mut self, key: &K) -> bool {
+        let now = self.now();
+        self.outbox.resend(key, now)
+    }
+
+    pub fn connected(&mut self) {
+        let now = self.now();
+        self.outbox.connected(now);
+    }
+
+    pub fn disconnected(&mut self) {
+        self.outbox.disconnected();
+    }
+
+    /// Apply an answer or a timer tick, then send what is due.
+    pub fn on_event<M: Message>(
+        &mut self,
+        event: OutboxEvent<K>,
+        shared: &Shared,
+        myself: &ActorRef<M>,
+        wrap: fn(OutboxEvent<K>) -> M,
+    ) {
+        match event {
+            OutboxEvent::Acked(k) => {
+                self.outbox.acked(&k);
+            }
+            OutboxEvent::Failed(k) => {
+                let now = self.now();
+                self.outbox.failed(&k, now, rand::random::<f64>());
+            }
+            OutboxEvent::Tick => self.timer_at = None,
+        }
+        self.pump(shared, myself, wrap);
+    }
+
+    /// Send every due item over the current link (each attempt's end comes
+    /// back as an [`OutboxEvent`]) and arm the timer for the next one.
+    pub fn pump<M: Message>(
+        &mut self,
+        shared: &Shared,
+        myself: &ActorRef<M>,
+        wrap: fn(OutboxEvent<K>) -> M,
+    ) {
+        let now = self.now();
+        let due = self.outbox.poll_send(now);
+        if !due.is_empty() {
+            let link = shared.link();
+            let timeout = shared.config.request_timeout;
+            for (key, value) in due {
+                let (me, link, method) = (myself.clone(), link.clone(), self.method);
+                let error_is_answer = self.error_is_answer;
+                tokio::spawn(async move {
+                    let result = match link {
+                        Some(link) => {
+                            link.request::<_, serde_json::Value>(method, &value, timeout)
+                                .await
+                        }
+                        None => Err(CallError::Closed),
+                    };
+                    let event = match result {
+                        Ok(_) => OutboxEvent::Acked(key),
+                        Err(CallError::Rpc(e)) if error_is_answer => {
+                            tracing::warn!(method = method.as_str(), ?key, error = %e, "refused; the harness knows");
+                            OutboxEvent::Acked(key)
+                        }
+                        Err(e) => {
+                            tracing::debug!(method = method.as_str(), ?key, error = %e, "not acknowledged; will retry");
+                            OutboxEvent::Failed(key)
+                        }
+                    };
+                    let _ = me.send_message(wrap(event));
+                });
+            }
+        }
+        if let Some(at) = self.outbox.next_due() {
+            if self.timer_at.is_none_or(|t| at < t) {
+                self.timer_at = Some(at);
+                let wait = at.saturating_sub(now) + Duration::from_millis(1);
+                myself.send_after(wait, move || wrap(OutboxEvent::Tick));
+            }
+        }
+    }
+}
