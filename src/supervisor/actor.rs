@@ -42,6 +42,11 @@ pub struct ChildSpec {
     /// OTP's `significant`: when this child ends for good, the supervisor
     /// shuts down too and passes the child's exit reason up.
     pub significant: bool,
+    /// A restart budget of this child alone (at most N restarts within a
+    /// period). Past it a dynamic supervisor gives up on the child and
+    /// reports it gone, without failing itself: one MCP server that keeps
+    /// crashing must not take its session down.
+    pub budget: Option<Intensity>,
 }
 
 impl ChildSpec {
@@ -58,7 +63,48 @@ impl ChildSpec {
             backoff: Backoff::NONE,
             max_attempts: None,
             significant: false,
+            budget: None,
         }
+    }
+
+    /// A `temporary` child started once from an actor value and its
+    /// arguments (never restarted, so the arguments need not be `Clone`).
+    pub fn temporary<A>(id: impl Into<String>, actor: A, args: A::Arguments) -> Self
+    where
+        A: Actor,
+    {
+        let slot = Arc::new(std::sync::Mutex::new(Some((actor, args))));
+        ChildSpec::new(id, Restart::Temporary, move |sup: ActorCell| {
+            let taken = slot.lock().ok().and_then(|mut g| g.take());
+            async move {
+                match taken {
+                    Some((actor, args)) => spawn_child(actor, args, sup).await,
+                    None => Err("shutdown:temporary child started twice".to_owned()),
+                }
+            }
+        })
+    }
+
+    /// A child restarted by `restart` from a fresh actor value and a clone of
+    /// its arguments each time.
+    pub fn restartable<A>(
+        id: impl Into<String>,
+        restart: Restart,
+        actor: A,
+        args: A::Arguments,
+    ) -> Self
+    where
+        A: Actor + Clone,
+        A::Arguments: Clone + Sync,
+    {
+        ChildSpec::new(id, restart, move |sup: ActorCell| {
+            spawn_child(actor.clone(), args.clone(), sup)
+        })
+    }
+
+    pub fn budget(mut self, budget: Intensity) -> Self {
+        self.budget = Some(budget);
+        self
     }
 
     pub fn backoff(mut self, backoff: Backoff) -> Self {
@@ -209,6 +255,19 @@ impl SupervisorState {
             }
         }
     }
+}
+
+/// Start `actor` linked under `supervisor`: the one place runtime actors
+/// are spawned (everything else goes through a [`ChildSpec`]).
+pub async fn spawn_child<A: Actor>(
+    actor: A,
+    args: A::Arguments,
+    supervisor: ActorCell,
+) -> Result<ActorCell, String> {
+    Actor::spawn_linked(None, actor, args, supervisor)
+        .await
+        .map(|(a, _)| a.get_cell())
+        .map_err(|e| e.to_string())
 }
 
 /// Orderly stop with a timeout, then kill.

@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Default)]
-struct Log {
-    starts: Arc<Mutex<Vec<String>>>,
-    stops: Arc<Mutex<Vec<String>>>,
+pub(super) struct Log {
+    pub(super) starts: Arc<Mutex<Vec<String>>>,
+    pub(super) stops: Arc<Mutex<Vec<String>>>,
 }
 
 impl Log {
-    fn starts_of(&self, name: &str) -> usize {
+    pub(super) fn starts_of(&self, name: &str) -> usize {
         self.starts
             .lock()
             .unwrap()
@@ -25,12 +25,13 @@ impl Log {
     }
 }
 
-struct Worker;
+pub(super) struct Worker;
 
-enum WorkerMsg {
+pub(super) enum WorkerMsg {
     Exit(Option<String>),
     Fail,
     Block(Duration),
+    Panic,
 }
 
 impl Actor for Worker {
@@ -66,12 +67,13 @@ impl Actor for Worker {
             WorkerMsg::Exit(reason) => me.stop(reason),
             WorkerMsg::Fail => return Err("boom".into()),
             WorkerMsg::Block(d) => tokio::time::sleep(d).await,
+            WorkerMsg::Panic => panic!("injected panic"),
         }
         Ok(())
     }
 }
 
-fn worker(name: &str, restart: Restart, log: &Log) -> ChildSpec {
+pub(super) fn worker(name: &str, restart: Restart, log: &Log) -> ChildSpec {
     let name = name.to_owned();
     let log = log.clone();
     ChildSpec::new(name.clone(), restart, move |sup: ActorCell| {
@@ -94,7 +96,7 @@ async fn child(sup: &ActorRef<SupervisorMsg>, id: &str) -> Option<ActorRef<Worke
 }
 
 /// Wait until `cond` holds (bounded), so tests never sleep a fixed time.
-async fn eventually(mut cond: impl FnMut() -> bool) {
+pub(super) async fn eventually(mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
         assert!(Instant::now() < deadline, "condition not reached in 10 s");
