@@ -18,7 +18,7 @@ use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
 use crate::harness::http::relay::Relays;
 use crate::harness::types::{HarnessEvent, SessionInfo};
 use crate::lease::ConnId;
-use crate::supervisor::SupervisorMsg;
+use crate::supervisor::DynamicMsg;
 use crate::wire::types::{Capabilities, ExecutorInfo};
 use crate::wire::Link;
 use dashmap::DashMap;
@@ -74,8 +74,8 @@ pub struct Shared {
     pub relay_base: OnceLock<String>,
     /// The current leases actor; replaced each time it is (re)started.
     leases: watch::Sender<Option<ActorRef<LeasesMsg>>>,
-    /// The supervisor of the connection actors.
-    connections: std::sync::RwLock<Option<ActorRef<SupervisorMsg>>>,
+    /// The dynamic supervisor of the connection actors.
+    connections: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     next_conn: AtomicU64,
     /// Distinguishes connection ids of this harness run from earlier ones.
     instance: String,
@@ -126,7 +126,7 @@ impl Shared {
         self.leases.send_replace(Some(leases));
     }
 
-    pub(crate) fn set_connections(&self, sup: ActorRef<SupervisorMsg>) {
+    pub(crate) fn set_connections(&self, sup: ActorRef<DynamicMsg>) {
         *self
             .connections
             .write()
@@ -134,7 +134,7 @@ impl Shared {
     }
 
     /// The supervisor connection actors are started under.
-    pub(crate) fn connections(&self) -> Option<ActorRef<SupervisorMsg>> {
+    pub(crate) fn connections(&self) -> Option<ActorRef<DynamicMsg>> {
         self.connections
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -152,8 +152,10 @@ pub struct LeasesState {
     events: EventSequencer,
 }
 
+#[derive(Clone)]
 pub struct Leases;
 
+#[derive(Clone)]
 pub struct LeasesArgs {
     pub shared: Arc<Shared>,
     /// Where fencing counters live; shared by every incarnation of the actor.

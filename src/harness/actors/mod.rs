@@ -5,7 +5,7 @@
 //! ├── leases           the lease table, the executors registry (4004 rule),
 //! │                    the platform's view of sessions, tool-call waiters,
 //! │                    the 4008 / lease-expiry timer
-//! └── connections      supervisor of runtime children
+//! └── connections      dynamic supervisor
 //!     └── connection <n>  temporary, one per executor connection: register,
 //!                      heartbeat, token refresh; forwards session frames
 //! ```
