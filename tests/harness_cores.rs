@@ -439,8 +439,7 @@ fn check_tools(kept: usize, ops: Vec<ToolOp>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(t.waiting(session, call), n);
                 match first.get(&(s, c)) {
                     Some(v) => {
-                        let still_kept =
-                            order[&s].iter().rev().take(kept.max(1)).any(|x| *x == c);
+                        let still_kept = order[&s].iter().rev().take(kept.max(1)).any(|x| *x == c);
                         let want = if still_kept {
                             Lookup::Delivered(v)
                         } else {

@@ -715,6 +715,45 @@ mod tests {
     }
 
     #[test]
+    fn restore_keeps_grants_and_orphans_leases_of_lost_holders() {
+        let store: Arc<dyn LeaseStore> = Arc::new(MemoryLeaseStore::new());
+        let mut t = LeaseTable::new(TTL, Arc::clone(&store));
+        t.register("e", ConnId(1), &[], 0);
+        let held = t.assign("held", "e", 0).unwrap();
+        let lease = |s: &str, holder: u64, token: u64, at: Option<u64>| RestoredLease {
+            session_id: s.into(),
+            executor_id: "e".into(),
+            holder: ConnId(holder),
+            lease_token: format!("lease-{s}-{token}"),
+            fencing_token: token,
+            expires_at: at,
+        };
+        let live = vec![("e".to_owned(), ConnId(1)), ("e".to_owned(), ConnId(2))];
+        let leases = vec![
+            lease("held", 1, held.fencing_token, None),
+            lease("held", 9, 99, None),
+            lease("away", 0, 4, Some(700)),
+            lease("lost", 0, 5, None),
+        ];
+        let mut r = LeaseTable::restore(TTL, Arc::clone(&store), &live, leases, 500);
+        // One live connection per executor: the later duplicate is ignored,
+        // and the silence clock restarts at `now`.
+        assert_eq!(r.live_connection("e"), Some(ConnId(1)));
+        assert_eq!(r.executor_of(ConnId(2)), None);
+        assert_eq!(r.check_frame(ConnId(1), "held", 600), Ok(()));
+        assert_eq!(r.holder("held").map(|v| v.fencing_token), Some(1));
+        assert_eq!(r.holder("away").and_then(|v| v.expires_at), Some(700));
+        assert_eq!(r.holder("lost").and_then(|v| v.expires_at), Some(500 + TTL));
+        assert_eq!(r.next_deadline(), Some(700));
+        // The executor resumes one; the other runs out.
+        let reg = r.register("e", ConnId(3), &names(&["away"]), 650);
+        assert_eq!(reg.kept, names(&["away"]));
+        assert_eq!(reg.ended, names(&["held", "lost"]));
+        // Tokens continue from the store.
+        assert_eq!(r.assign("held", "e", 700).map(|g| g.fencing_token), Ok(2));
+    }
+
+    #[test]
     fn reusing_a_connection_id_for_another_executor_orphans_the_first() {
         let mut t = table();
         t.register("a", ConnId(1), &[], 0);
