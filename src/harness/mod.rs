@@ -52,12 +52,14 @@ pub use config::{Authenticator, EventCallback, HarnessConfig};
 pub use error::ApiError;
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
 
-use crate::lease::{LeaseStore, LeaseTable, MemoryLeaseStore};
+use crate::lease::{LeaseStore, MemoryLeaseStore};
+use crate::supervisor::SupervisorMsg;
 use crate::wire::transport::CONNECT_PATH;
 use crate::wire::CloseCode;
-use actors::leases::{Leases, LeasesArgs, LeasesMsg};
+use actors::connection::ConnMsg;
+use actors::leases::LeasesMsg;
 use http::listener;
-use ractor::{Actor, ActorRef};
+use ractor::ActorRef;
 use runtime::Shared;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -221,24 +223,31 @@ impl HarnessBuilder {
         let store = self
             .store
             .unwrap_or_else(|| Arc::new(MemoryLeaseStore::new()));
-        let table = LeaseTable::new(config.lease_ttl_ms, store);
         let unix_path = config.listen_unix.clone();
         let shared = Shared::new(config, authenticate, self.on_event);
         let _ = shared.relay_base.set(relay_base);
-        let (leases, _) = Actor::spawn(
-            None,
-            Leases,
-            LeasesArgs {
-                shared: shared.clone(),
-                table,
-            },
-        )
-        .await
-        .map_err(|e| HarnessError::Spawn(e.to_string()))?;
-        shared.set_leases(leases.clone());
+        // The root starts `leases` then `connections`; the API and the
+        // listeners need both, so wait until they are up.
+        let (root, _exit) = actors::root::start(shared.clone(), store)
+            .await
+            .map_err(|e| HarnessError::Spawn(e.to_string()))?;
+        let ready = async {
+            while shared.leases().is_none() || shared.connections().is_none() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(10), ready)
+            .await
+            .is_err()
+        {
+            root.stop(None);
+            return Err(HarnessError::Spawn(
+                "the harness actors did not start".into(),
+            ));
+        }
         let unix = match &unix_path {
             Some(p) => Some(listener::serve_unix(shared.clone(), p).map_err(|source| {
-                leases.stop(None);
+                root.stop(None);
                 HarnessError::Listen {
                     addr: p.display().to_string(),
                     source,
@@ -259,7 +268,7 @@ impl HarnessBuilder {
         Ok(HarnessHandle {
             shared,
             addr,
-            leases,
+            root,
             server: Some(server),
             unix,
         })
@@ -271,7 +280,8 @@ impl HarnessBuilder {
 pub struct HarnessHandle {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    leases: ActorRef<LeasesMsg>,
+    /// The root supervisor: `leases`, then `connections`.
+    root: ActorRef<SupervisorMsg>,
     server: Option<JoinHandle<()>>,
     unix: Option<JoinHandle<()>>,
 }
@@ -365,7 +375,35 @@ impl HarnessHandle {
         for e in self.shared.conns.iter() {
             e.link.close(CloseCode::GoingAway, "harness shutting down");
         }
-        self.leases.stop(None);
+        self.root.stop(None);
+    }
+
+    /// Test hook: make the leases actor fail, and wait until its supervisor
+    /// started the next one (`false` if none came). Not part of the API.
+    #[doc(hidden)]
+    pub async fn inject_leases_panic(&self) -> bool {
+        let Some(old) = self.shared.leases() else {
+            return false;
+        };
+        if old.send_message(LeasesMsg::InjectPanic).is_err() {
+            return false;
+        }
+        self.shared
+            .next_leases(&old, Duration::from_secs(10))
+            .await
+            .is_some()
+    }
+
+    /// Test hook: make the actor of `executor_id`'s registered connection
+    /// fail. Not part of the API.
+    #[doc(hidden)]
+    pub fn inject_connection_panic(&self, executor_id: &str) -> bool {
+        let Some(conn) = self.shared.executors.get(executor_id).map(|c| *c) else {
+            return false;
+        };
+        let actor: Option<ActorRef<ConnMsg>> =
+            self.shared.conns.get(&conn).and_then(|e| e.actor.clone());
+        actor.is_some_and(|a| a.send_message(ConnMsg::InjectPanic).is_ok())
     }
 }
 

@@ -6,22 +6,32 @@
 //! *written* by the actor that owns the entry: a connection actor its own
 //! [`ConnEntry`], the leases actor the registry and the sessions. Everyone
 //! else reads them for routing and listings.
+//!
+//! They also outlive the leases actor: when it crashes, its supervisor
+//! starts a new one that rebuilds its state from them and the lease store,
+//! and [`Shared::leases`] then names the new actor.
 
+use super::actors::connection::ConnMsg;
 use super::actors::leases::LeasesMsg;
 use crate::harness::api::terminals::TerminalRegistry;
 use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
 use crate::harness::http::relay::Relays;
 use crate::harness::types::{HarnessEvent, SessionInfo};
 use crate::lease::ConnId;
+use crate::supervisor::DynamicMsg;
 use crate::wire::types::{Capabilities, ExecutorInfo};
 use crate::wire::Link;
 use dashmap::DashMap;
 use ractor::ActorRef;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
-use tokio::sync::broadcast;
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
+
+/// How long a caller waits for a crashed leases actor to be replaced
+/// before answering "shutting down".
+pub const LEASES_RESTART_WAIT: Duration = Duration::from_secs(5);
 
 /// A connection as the registry sees it; written by its connection actor.
 #[derive(Clone)]
@@ -36,6 +46,8 @@ pub struct ConnEntry {
     pub capabilities: Capabilities,
     pub connected_at: String,
     pub last_heartbeat_at: Option<String>,
+    /// The connection's actor, once started (for supervision tests).
+    pub actor: Option<ActorRef<ConnMsg>>,
 }
 
 /// Per-instance state shared by the harness's actors and API handlers.
@@ -49,6 +61,9 @@ pub struct Shared {
     pub executors: DashMap<String, ConnId>,
     /// The platform's view of sessions; written only by the leases actor.
     pub sessions: DashMap<String, SessionInfo>,
+    /// Session → when its orphaned lease runs out (harness ms); written
+    /// only by the leases actor, so that a restarted one keeps the deadline.
+    pub lease_deadlines: DashMap<String, u64>,
     pub events: broadcast::Sender<HarnessEvent>,
     pub on_event: Option<EventCallback>,
     /// Terminals opened through this harness (the protocol has no list).
@@ -57,7 +72,10 @@ pub struct Shared {
     pub relays: Relays,
     /// Base URL executors dial for relays; set once the listener is bound.
     pub relay_base: OnceLock<String>,
-    leases: OnceLock<ActorRef<LeasesMsg>>,
+    /// The current leases actor; replaced each time it is (re)started.
+    leases: watch::Sender<Option<ActorRef<LeasesMsg>>>,
+    /// The dynamic supervisor of the connection actors.
+    connections: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     next_conn: AtomicU64,
     /// Distinguishes connection ids of this harness run from earlier ones.
     instance: String,
@@ -79,12 +97,14 @@ impl Shared {
             conns: DashMap::new(),
             executors: DashMap::new(),
             sessions: DashMap::new(),
+            lease_deadlines: DashMap::new(),
             events,
             on_event,
             terminals: TerminalRegistry::default(),
             relays: Relays::default(),
             relay_base: OnceLock::new(),
-            leases: OnceLock::new(),
+            leases: watch::channel(None).0,
+            connections: std::sync::RwLock::new(None),
             next_conn: AtomicU64::new(1),
             instance,
             origin: Instant::now(),
@@ -103,11 +123,72 @@ impl Shared {
     }
 
     pub(crate) fn set_leases(&self, leases: ActorRef<LeasesMsg>) {
-        let _ = self.leases.set(leases);
+        self.leases.send_replace(Some(leases));
     }
 
-    pub fn leases(&self) -> Option<&ActorRef<LeasesMsg>> {
-        self.leases.get()
+    pub(crate) fn set_connections(&self, sup: ActorRef<DynamicMsg>) {
+        *self
+            .connections
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sup);
+    }
+
+    /// The supervisor connection actors are started under.
+    pub(crate) fn connections(&self) -> Option<ActorRef<DynamicMsg>> {
+        self.connections
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The current leases actor (it may have just died: a send can fail).
+    pub fn leases(&self) -> Option<ActorRef<LeasesMsg>> {
+        self.leases.borrow().clone()
+    }
+
+    /// Send to the leases actor; if it just died, wait for the next one
+    /// (at most [`LEASES_RESTART_WAIT`]) and send there. The message comes
+    /// back when it could not be delivered (the harness is shutting down).
+    pub async fn send_leases(&self, msg: LeasesMsg) -> Result<(), Option<LeasesMsg>> {
+        let Some(leases) = self.leases() else {
+            return Err(Some(msg));
+        };
+        match leases.send_message(msg) {
+            Ok(()) => Ok(()),
+            Err(ractor::MessagingErr::SendErr(msg)) => {
+                if self.shutdown.is_cancelled() {
+                    return Err(Some(msg));
+                }
+                let Some(next) = self.next_leases(&leases, LEASES_RESTART_WAIT).await else {
+                    return Err(Some(msg));
+                };
+                next.send_message(msg).map_err(|e| match e {
+                    ractor::MessagingErr::SendErr(m) => Some(m),
+                    _ => None,
+                })
+            }
+            Err(_) => Err(None),
+        }
+    }
+
+    /// The leases actor after `failed` (one a send just failed on): waits
+    /// up to `wait` for its supervisor to start the next one. `None` when
+    /// the harness is shutting down or no new actor came.
+    pub async fn next_leases(
+        &self,
+        failed: &ActorRef<LeasesMsg>,
+        wait: Duration,
+    ) -> Option<ActorRef<LeasesMsg>> {
+        let mut rx = self.leases.subscribe();
+        let fresh = |r: &Option<ActorRef<LeasesMsg>>| {
+            r.as_ref().is_some_and(|a| a.get_id() != failed.get_id())
+        };
+        let found = tokio::select! {
+            r = rx.wait_for(fresh) => r.ok().and_then(|r| r.clone()),
+            _ = tokio::time::sleep(wait) => None,
+            _ = self.shutdown.cancelled() => None,
+        };
+        found
     }
 
     /// Publish an event to subscribers and the callback.

@@ -27,21 +27,8 @@ pub struct ExecutorView {
     pub capabilities: Capabilities,
 }
 
-/// Where a session is in its life, as the platform sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SessionState {
-    /// `session.assign` sent, not answered yet.
-    Assigning,
-    /// The executor accepted the assignment.
-    Active,
-    /// The holder connection is lost; the lease waits for a resume.
-    Disconnected,
-    /// `session.stop` sent, `session.ended` not received yet.
-    Stopping,
-    /// Over: stopped, ended by the executor, or its lease expired.
-    Ended,
-}
+/// Where a session is in its life; its rules are in [`crate::lease::session_view`].
+pub use crate::lease::SessionState;
 
 /// A session (`GET /v1/sessions/{id}`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

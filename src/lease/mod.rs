@@ -13,18 +13,27 @@
 //! * [`SessionFence`] and [`LeaseClock`] are the executor side: refusing
 //!   stale assignments by fencing token, and knowing how long local sessions
 //!   may keep running while the connection to the harness is down.
+//! * [`SessionViews`], [`ToolResults`] and [`EventSequencer`] are the rest
+//!   of the harness's session rules: the lifecycle the platform sees,
+//!   exactly-once `tool.result` delivery, and `session.event` sequencing.
 //! * [`LeaseStore`] holds the per-session fencing counter, behind a trait so
 //!   a platform can persist it across harness restarts.
 //!
 //! `docs/leases.md` describes the state machines and their invariants.
 
+pub mod events;
 mod fence;
+pub mod session_view;
 mod store;
 mod table;
+pub mod tool_results;
 
+pub use self::events::{EventDecision, EventSequencer};
 pub use self::fence::{AssignDecision, LeaseClock, SessionFence};
+pub use self::session_view::{SessionState, SessionViews, StopStart, ViewEffect};
 pub use self::store::{LeaseStore, MemoryLeaseStore};
-pub use self::table::{Grant, LeaseTable, LeaseView, Registered, Tick};
+pub use self::table::{Grant, LeaseTable, LeaseView, Registered, RestoredLease, Tick};
+pub use self::tool_results::{Delivery, Lookup, ToolResults};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -91,6 +91,20 @@ pub struct LeaseView {
     pub expires_at: Option<u64>,
 }
 
+/// A lease to put back with [`LeaseTable::restore`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoredLease {
+    pub session_id: String,
+    pub executor_id: String,
+    /// The holder connection; if it is not among the restored live
+    /// connections of `executor_id`, the lease is orphaned.
+    pub holder: ConnId,
+    pub lease_token: String,
+    pub fencing_token: u64,
+    /// For an orphaned lease, when it runs out, if known.
+    pub expires_at: Option<u64>,
+}
+
 #[derive(Debug, Clone)]
 struct Conn {
     executor_id: String,
@@ -158,6 +172,62 @@ impl LeaseTable {
             live: BTreeMap::new(),
             leases: BTreeMap::new(),
         }
+    }
+
+    /// A table rebuilt from what the harness published, after the actor
+    /// that owned the previous one crashed.
+    ///
+    /// `live` are the registered connections, one per executor (a later
+    /// duplicate is ignored); their silence clock restarts at `now`, which
+    /// can only delay a 4008 by one TTL, never close a connection early.
+    /// Each lease keeps its grant (lease and fencing tokens, which came
+    /// from `store` and so stay below anything it issues next). A lease
+    /// whose holder is not live is orphaned and runs out at its
+    /// `expires_at`, or one TTL from `now` if that was not known. A second
+    /// lease for one session is ignored.
+    pub fn restore(
+        lease_ttl_ms: u64,
+        store: Arc<dyn LeaseStore>,
+        live: &[(String, ConnId)],
+        leases: Vec<RestoredLease>,
+        now: u64,
+    ) -> Self {
+        let mut t = Self::new(lease_ttl_ms, store);
+        for (executor_id, conn) in live {
+            if t.live.contains_key(executor_id) || t.conns.contains_key(conn) {
+                continue;
+            }
+            t.conns.insert(
+                *conn,
+                Conn {
+                    executor_id: executor_id.clone(),
+                    last_seen: now,
+                },
+            );
+            t.live.insert(executor_id.clone(), *conn);
+        }
+        for l in leases {
+            if t.leases.contains_key(&l.session_id) {
+                continue;
+            }
+            let held_live = t.live.get(&l.executor_id) == Some(&l.holder);
+            let expires_at = if held_live {
+                None
+            } else {
+                Some(l.expires_at.unwrap_or(now.saturating_add(lease_ttl_ms)))
+            };
+            t.leases.insert(
+                l.session_id,
+                Lease {
+                    executor_id: l.executor_id,
+                    holder: l.holder,
+                    lease_token: l.lease_token,
+                    fencing_token: l.fencing_token,
+                    expires_at,
+                },
+            );
+        }
+        t
     }
 
     /// The TTL this table enforces, to advertise to executors.
@@ -642,6 +712,45 @@ mod tests {
         assert_eq!(third.as_ref().map(|g| g.fencing_token), Ok(3));
         assert_eq!(third.map(|g| g.lease_token), Ok("lease-s-3".to_owned()));
         assert_eq!(store.current("s"), Some(3));
+    }
+
+    #[test]
+    fn restore_keeps_grants_and_orphans_leases_of_lost_holders() {
+        let store: Arc<dyn LeaseStore> = Arc::new(MemoryLeaseStore::new());
+        let mut t = LeaseTable::new(TTL, Arc::clone(&store));
+        t.register("e", ConnId(1), &[], 0);
+        let held = t.assign("held", "e", 0).unwrap();
+        let lease = |s: &str, holder: u64, token: u64, at: Option<u64>| RestoredLease {
+            session_id: s.into(),
+            executor_id: "e".into(),
+            holder: ConnId(holder),
+            lease_token: format!("lease-{s}-{token}"),
+            fencing_token: token,
+            expires_at: at,
+        };
+        let live = vec![("e".to_owned(), ConnId(1)), ("e".to_owned(), ConnId(2))];
+        let leases = vec![
+            lease("held", 1, held.fencing_token, None),
+            lease("held", 9, 99, None),
+            lease("away", 0, 4, Some(700)),
+            lease("lost", 0, 5, None),
+        ];
+        let mut r = LeaseTable::restore(TTL, Arc::clone(&store), &live, leases, 500);
+        // One live connection per executor: the later duplicate is ignored,
+        // and the silence clock restarts at `now`.
+        assert_eq!(r.live_connection("e"), Some(ConnId(1)));
+        assert_eq!(r.executor_of(ConnId(2)), None);
+        assert_eq!(r.check_frame(ConnId(1), "held", 600), Ok(()));
+        assert_eq!(r.holder("held").map(|v| v.fencing_token), Some(1));
+        assert_eq!(r.holder("away").and_then(|v| v.expires_at), Some(700));
+        assert_eq!(r.holder("lost").and_then(|v| v.expires_at), Some(500 + TTL));
+        assert_eq!(r.next_deadline(), Some(700));
+        // The executor resumes one; the other runs out.
+        let reg = r.register("e", ConnId(3), &names(&["away"]), 650);
+        assert_eq!(reg.kept, names(&["away"]));
+        assert_eq!(reg.ended, names(&["held", "lost"]));
+        // Tokens continue from the store.
+        assert_eq!(r.assign("held", "e", 700).map(|g| g.fencing_token), Ok(2));
     }
 
     #[test]

@@ -34,20 +34,57 @@ pub enum ConnMsg {
     Frame(Inbound, Option<Responder>),
     Lost(Closed),
     RegisterTimeout,
+    /// Fail on purpose, so tests can check the supervision. Not reachable
+    /// from the wire or the HTTP API.
+    #[doc(hidden)]
+    InjectPanic,
 }
 
 /// Casts every frame of one connection to its actor; holds no state.
 pub struct ConnRouter {
     actor: ActorRef<ConnMsg>,
+    link: Link,
 }
 
 impl Dispatch for ConnRouter {
     fn dispatch(&self, frame: Inbound, reply: Option<Responder>) {
-        if let Err(ractor::MessagingErr::SendErr(ConnMsg::Frame(_, Some(r)))) =
+        if let Err(ractor::MessagingErr::SendErr(msg)) =
             self.actor.send_message(ConnMsg::Frame(frame, reply))
         {
-            r.err(RpcError::internal("the connection is closing"));
+            if let ConnMsg::Frame(_, Some(r)) = msg {
+                r.err(RpcError::internal("the connection is closing"));
+            }
+            // The actor is gone (it failed, or stopped): a socket nobody
+            // serves must close, so that the executor reconnects.
+            close_orphaned(&self.link);
         }
+    }
+}
+
+/// Close a connection whose actor is gone with 1011, so the executor
+/// reconnects and resumes its sessions on a fresh connection.
+pub fn close_orphaned(link: &Link) {
+    if !link.is_closed() {
+        tracing::warn!("connection actor gone: closing its socket with 1011");
+        link.close(CloseCode::Other(1011), "internal error");
+    }
+}
+
+/// The socket of `conn` is gone: tell the leases actor, drop the entry,
+/// tell the platform. Run by the connection actor, or by the reader task
+/// when the actor died first.
+async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
+    let _ = shared.send_leases(LeasesMsg::Disconnected(conn)).await;
+    let Some((_, entry)) = shared.conns.remove(&conn) else {
+        return;
+    };
+    if entry.registered {
+        shared.emit(HarnessEvent::ExecutorDisconnected {
+            executor_id: entry.executor_id,
+            connection_id: entry.connection_id,
+            code: closed.code.map(|c| c.code()),
+            reason: closed.reason,
+        });
     }
 }
 
@@ -92,6 +129,7 @@ pub async fn start(shared: Arc<Shared>, transport: Transport, executor_id: Strin
             capabilities: Default::default(),
             connected_at: now_rfc3339(),
             last_heartbeat_at: None,
+            actor: None,
         },
     );
     let args = ConnArgs {
@@ -101,8 +139,8 @@ pub async fn start(shared: Arc<Shared>, transport: Transport, executor_id: Strin
         connection_id,
         executor_id,
     };
-    let actor = match Actor::spawn(None, Connection, args).await {
-        Ok((actor, _)) => actor,
+    let actor = match super::root::start_connection(&shared, args).await {
+        Ok(actor) => actor,
         Err(e) => {
             tracing::error!(error = %e, "cannot start a connection actor");
             shared.conns.remove(&conn);
@@ -110,12 +148,20 @@ pub async fn start(shared: Arc<Shared>, transport: Transport, executor_id: Strin
             return;
         }
     };
+    if let Some(mut e) = shared.conns.get_mut(&conn) {
+        e.actor = Some(actor.clone());
+    }
     let router = Arc::new(ConnRouter {
         actor: actor.clone(),
+        link,
     });
     tokio::spawn(async move {
         let closed = reader.run(router).await;
-        let _ = actor.send_message(ConnMsg::Lost(closed));
+        if let Err(ractor::MessagingErr::SendErr(ConnMsg::Lost(closed))) =
+            actor.send_message(ConnMsg::Lost(closed))
+        {
+            lost(&shared, conn, closed).await;
+        }
     });
 }
 
@@ -176,20 +222,13 @@ impl Actor for Connection {
             }
             ConnMsg::Lost(closed) => {
                 tracing::info!(code = ?closed.code.map(|c| c.code()), reason = %closed.reason, by_peer = closed.by_peer, "executor connection closed");
-                if let Some(leases) = state.shared.leases() {
-                    let _ = leases.send_message(LeasesMsg::Disconnected(state.conn));
-                }
-                state.shared.conns.remove(&state.conn);
-                if state.registered {
-                    state.shared.emit(HarnessEvent::ExecutorDisconnected {
-                        executor_id: state.executor_id.clone(),
-                        connection_id: state.connection_id.clone(),
-                        code: closed.code.map(|c| c.code()),
-                        reason: closed.reason,
-                    });
-                }
+                drop(_g);
+                lost(&state.shared, state.conn, closed)
+                    .instrument(span.clone())
+                    .await;
                 myself.stop(None);
             }
+            ConnMsg::InjectPanic => panic!("panic injected into a connection actor"),
         }
         Ok(())
     }
@@ -231,6 +270,8 @@ impl ConnState {
                 return;
             }
         } else if let Some(leases) = self.shared.leases() {
+            // Best effort: a frame lost while the leases actor restarts
+            // only means the next one counts.
             let _ = leases.send_message(LeasesMsg::Seen(self.conn));
         }
         match method {
@@ -318,26 +359,20 @@ impl ConnState {
                     ));
                 }
             }
-            m if m.owner() == Owner::HarnessSession => match self.shared.leases() {
-                Some(leases) => {
-                    if let Err(ractor::MessagingErr::SendErr(LeasesMsg::Frame {
-                        reply: Some(r),
-                        ..
-                    })) = leases.send_message(LeasesMsg::Frame {
+            m if m.owner() == Owner::HarnessSession => {
+                let sent = self
+                    .shared
+                    .send_leases(LeasesMsg::Frame {
                         conn: self.conn,
                         method: m,
                         frame,
                         reply,
-                    }) {
-                        r.err(RpcError::internal("the harness is shutting down"));
-                    }
+                    })
+                    .await;
+                if let Err(Some(LeasesMsg::Frame { reply: Some(r), .. })) = sent {
+                    r.err(RpcError::internal("the harness is shutting down"));
                 }
-                None => {
-                    if let Some(r) = reply {
-                        r.err(RpcError::internal("the harness is shutting down"));
-                    }
-                }
-            },
+            }
             other => {
                 if let Some(r) = reply {
                     r.err(RpcError::method_not_found(other.as_str()));
@@ -370,17 +405,16 @@ impl ConnState {
             }
             None => Vec::new(),
         };
-        let Some(leases) = self.shared.leases().cloned() else {
-            return reply.err(RpcError::internal("the harness is shutting down"));
-        };
         let (tx, rx) = oneshot::channel();
-        if leases
-            .send_message(LeasesMsg::Register {
+        if self
+            .shared
+            .send_leases(LeasesMsg::Register {
                 conn: self.conn,
                 executor_id: self.executor_id.clone(),
                 resume,
                 reply: tx,
             })
+            .await
             .is_err()
         {
             return reply.err(RpcError::internal("the harness is shutting down"));

@@ -9,17 +9,33 @@
 //! and a timer armed at [`LeaseTable::next_deadline`] that closes silent
 //! connections with 4008 and ends sessions whose orphaned lease ran out.
 //!
-//! It also owns the platform's view of sessions ([`Shared::sessions`]), the
-//! waiters of tool calls and stops, and the exactly-once delivery of
-//! `tool.result`: a `toolCallId` is delivered (waiter + event) once,
-//! duplicates are acknowledged and dropped.
+//! It also publishes the platform's view of sessions ([`Shared::sessions`]),
+//! holds the waiters of tool calls and stops, delivers `tool.result` exactly
+//! once and sequences `session.event`. The rules of all four are sans-IO
+//! cores in [`crate::lease`] ([`LeaseTable`], [`SessionViews`],
+//! [`ToolResults`], [`EventSequencer`]); this actor feeds them the harness
+//! clock and frames, and carries out what they return.
+//!
+//! The actor is `permanent` under the harness root supervisor. Everything
+//! it must not lose is outside it: fencing counters in the [`LeaseStore`],
+//! sessions, connections and orphaned-lease deadlines in [`Shared`]. So
+//! `pre_start` rebuilds its state from those (the first start finds them
+//! empty), and a crash loses no lease and never lowers a fencing token. What
+//! a crash does lose: the waiters of calls in flight (their callers get an
+//! error, see `api::sessions`), the memory of results already delivered
+//! (a duplicate `tool.result` arriving after a crash is published again)
+//! and the expected event sequence (the next event sets it).
 
 #![allow(clippy::result_large_err)]
 
 use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
 use crate::harness::types::{HarnessEvent, SessionInfo, SessionState};
-use crate::lease::{ConnId, Grant, LeaseError, LeaseTable, Registered};
+use crate::lease::session_view::{Restored, ViewEntry};
+use crate::lease::{
+    ConnId, Delivery, EventDecision, EventSequencer, Grant, LeaseError, LeaseStore, LeaseTable,
+    Lookup, Registered, RestoredLease, SessionViews, StopStart, ToolResults, ViewEffect,
+};
 use crate::wire::types::{
     now_rfc3339, Accepted, EndedParams, EventDeltaParams, JsonMap, ProcessStatusParams,
     ReadyParams, SessionEventParams, SessionEventResult, SessionRefParams, StatusParams,
@@ -29,7 +45,6 @@ use crate::wire::{
     decode_params, CloseCode, ErrorCode, Inbound, Link, Method, Responder, RpcError,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -41,6 +56,7 @@ const RESULTS_KEPT: usize = 256;
 type Timer = JoinHandle<Result<(), ractor::MessagingErr<LeasesMsg>>>;
 
 pub type ToolWaiter = oneshot::Sender<Result<ToolResultParams, ApiError>>;
+type StopWaiter = oneshot::Sender<SessionInfo>;
 
 /// Where to send a session's requests: its holder's live link.
 #[derive(Clone)]
@@ -121,32 +137,29 @@ pub enum LeasesMsg {
     },
     /// The timer: reap silent connections and expired leases.
     Tick,
-}
-
-#[derive(Default)]
-struct SessionTools {
-    waiters: HashMap<String, Vec<ToolWaiter>>,
-    /// Every delivered id; the result itself only for the newest few.
-    delivered: HashMap<String, Option<ToolResultParams>>,
-    order: VecDeque<String>,
+    /// Fail on purpose, so tests can check the supervision. Not reachable
+    /// from the wire or the HTTP API.
+    #[doc(hidden)]
+    InjectPanic,
 }
 
 pub struct LeasesState {
     shared: Arc<Shared>,
     table: LeaseTable,
     timer: Option<(u64, Timer)>,
-    tools: HashMap<String, SessionTools>,
-    stop_waiters: HashMap<String, Vec<oneshot::Sender<SessionInfo>>>,
-    /// Next expected `session.event` sequence per session.
-    event_seq: HashMap<String, u64>,
-    ended_order: VecDeque<String>,
+    views: SessionViews<StopWaiter>,
+    tools: ToolResults<ToolWaiter, ToolResultParams>,
+    events: EventSequencer,
 }
 
+#[derive(Clone)]
 pub struct Leases;
 
+#[derive(Clone)]
 pub struct LeasesArgs {
     pub shared: Arc<Shared>,
-    pub table: LeaseTable,
+    /// Where fencing counters live; shared by every incarnation of the actor.
+    pub store: Arc<dyn LeaseStore>,
 }
 
 impl Actor for Leases {
@@ -156,18 +169,14 @@ impl Actor for Leases {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<LeasesMsg>,
+        myself: ActorRef<LeasesMsg>,
         args: LeasesArgs,
     ) -> Result<LeasesState, ActorProcessingErr> {
-        Ok(LeasesState {
-            shared: args.shared,
-            table: args.table,
-            timer: None,
-            tools: HashMap::new(),
-            stop_waiters: HashMap::new(),
-            event_seq: HashMap::new(),
-            ended_order: VecDeque::new(),
-        })
+        let state = LeasesState::rebuild(args.shared, args.store);
+        // Reap whatever ran out while no actor was watching, and arm the timer.
+        myself.send_message(LeasesMsg::Tick)?;
+        state.shared.set_leases(myself);
+        Ok(state)
     }
 
     async fn handle(
@@ -202,8 +211,144 @@ fn answer<R: serde::Serialize>(reply: Option<Responder>, result: Result<R, RpcEr
 }
 
 impl LeasesState {
+    /// The state of a new incarnation, from what outlives the actor: the
+    /// fencing counters in `store`, the registered connections, and the
+    /// published sessions with their orphaned-lease deadlines.
+    fn rebuild(shared: Arc<Shared>, store: Arc<dyn LeaseStore>) -> LeasesState {
+        let now = shared.now_ms();
+        // The registry names one live connection per executor; trust it
+        // only for connections still present and registered.
+        let mut live: Vec<(String, ConnId)> = shared
+            .executors
+            .iter()
+            .filter(|e| {
+                shared
+                    .conns
+                    .get(e.value())
+                    .is_some_and(|c| c.registered && &c.executor_id == e.key())
+            })
+            .map(|e| (e.key().clone(), *e.value()))
+            .collect();
+        live.sort();
+        let conn_of = |connection_id: &Option<String>| {
+            connection_id.as_ref().and_then(|id| {
+                shared
+                    .conns
+                    .iter()
+                    .find(|c| &c.connection_id == id)
+                    .map(|c| c.conn)
+            })
+        };
+        let mut records: Vec<SessionInfo> = shared.sessions.iter().map(|r| r.clone()).collect();
+        // Ended sessions oldest first, so retention forgets in the same order.
+        records.sort_by(|a, b| {
+            a.ended_at
+                .cmp(&b.ended_at)
+                .then_with(|| a.session_id.cmp(&b.session_id))
+        });
+        let mut leases = Vec::new();
+        let mut restored = Vec::new();
+        for r in &records {
+            if r.state != SessionState::Ended {
+                leases.push(RestoredLease {
+                    session_id: r.session_id.clone(),
+                    executor_id: r.executor_id.clone(),
+                    // ConnId(0) is never minted: "the holder is gone".
+                    holder: conn_of(&r.connection_id).unwrap_or(ConnId(0)),
+                    lease_token: r.lease_token.clone(),
+                    fencing_token: r.fencing_token,
+                    expires_at: shared.lease_deadlines.get(&r.session_id).map(|d| *d),
+                });
+            }
+            restored.push(Restored {
+                session_id: r.session_id.clone(),
+                entry: ViewEntry {
+                    executor_id: r.executor_id.clone(),
+                    fencing_token: r.fencing_token,
+                    state: r.state,
+                    ended_reason: r.ended_reason.clone(),
+                },
+            });
+        }
+        let table = LeaseTable::restore(shared.config.lease_ttl_ms, store, &live, leases, now);
+        let (views, effects) = SessionViews::restore(shared.config.ended_sessions_kept, restored);
+        if !records.is_empty() {
+            tracing::info!(
+                sessions = records.len(),
+                executors = live.len(),
+                "leases rebuilt from the store and the published sessions"
+            );
+        }
+        let mut state = LeasesState {
+            shared,
+            table,
+            timer: None,
+            views,
+            tools: ToolResults::new(RESULTS_KEPT),
+            events: EventSequencer::new(),
+        };
+        state.apply(effects);
+        // Sessions whose holder is gone but that were still published as
+        // held become `disconnected`, as the table now sees them.
+        let orphaned: Vec<String> = state
+            .views
+            .iter()
+            .filter(|(s, _)| {
+                state
+                    .table
+                    .holder(s)
+                    .is_some_and(|h| h.expires_at.is_some())
+            })
+            .map(|(s, _)| s.clone())
+            .collect();
+        let effects = state.views.disconnected(&orphaned);
+        state.record_deadlines(&orphaned);
+        state.apply(effects);
+        state
+    }
+
     fn now(&self) -> u64 {
         self.shared.now_ms()
+    }
+
+    /// Publish what the session-view core decided.
+    fn apply(&mut self, effects: Vec<ViewEffect<StopWaiter>>) {
+        for effect in effects {
+            match effect {
+                ViewEffect::State { session_id, state } => {
+                    if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
+                        rec.state = state;
+                    }
+                }
+                ViewEffect::Assigned {
+                    session_id,
+                    executor_id,
+                    fencing_token,
+                } => self.shared.emit(HarnessEvent::SessionAssigned {
+                    session_id,
+                    executor_id,
+                    fencing_token,
+                }),
+                ViewEffect::Ended {
+                    session_id,
+                    reason,
+                    waiters,
+                } => self.ended(&session_id, &reason, waiters),
+                ViewEffect::Forget { session_id } => {
+                    self.shared.sessions.remove(&session_id);
+                    self.shared.lease_deadlines.remove(&session_id);
+                }
+            }
+        }
+    }
+
+    /// Keep the deadline of each orphaned lease where a rebuilt actor finds it.
+    fn record_deadlines(&self, sessions: &[String]) {
+        for s in sessions {
+            if let Some(at) = self.table.holder(s).and_then(|h| h.expires_at) {
+                self.shared.lease_deadlines.insert(s.clone(), at);
+            }
+        }
     }
 
     /// Arm the timer for the table's next deadline, unless an earlier one is
@@ -270,14 +415,8 @@ impl LeasesState {
                 session_id,
                 tool_call_id,
             } => {
-                if let Some(t) = self.tools.get_mut(&session_id) {
-                    if let Some(ws) = t.waiters.get_mut(&tool_call_id) {
-                        ws.retain(|w| !w.is_closed());
-                        if ws.is_empty() {
-                            t.waiters.remove(&tool_call_id);
-                        }
-                    }
-                }
+                self.tools
+                    .retain_waiters(&session_id, &tool_call_id, |w| !w.is_closed());
             }
             LeasesMsg::Stop {
                 session_id,
@@ -295,6 +434,7 @@ impl LeasesState {
                 reply,
             } => self.frame(conn, method, frame, reply),
             LeasesMsg::Tick => self.tick(),
+            LeasesMsg::InjectPanic => panic!("panic injected into the leases actor"),
         }
     }
 
@@ -316,13 +456,13 @@ impl LeasesState {
             .get(&conn)
             .map(|e| e.connection_id.clone());
         for s in &r.kept {
+            self.shared.lease_deadlines.remove(s);
             if let Some(mut rec) = self.shared.sessions.get_mut(s) {
                 rec.connection_id = conn_str.clone();
-                if rec.state == SessionState::Disconnected {
-                    rec.state = SessionState::Active;
-                }
             }
         }
+        let effects = self.views.resumed(&r.kept);
+        self.apply(effects);
         for s in &r.ended {
             self.end_session(s, "lease_lost");
         }
@@ -337,16 +477,9 @@ impl LeasesState {
         if let Some(exec) = executor {
             self.shared.executors.remove_if(&exec, |_, c| *c == conn);
         }
-        for s in held {
-            if let Some(mut rec) = self.shared.sessions.get_mut(&s) {
-                if matches!(
-                    rec.state,
-                    SessionState::Active | SessionState::Assigning | SessionState::Stopping
-                ) {
-                    rec.state = SessionState::Disconnected;
-                }
-            }
-        }
+        self.record_deadlines(&held);
+        let effects = self.views.disconnected(&held);
+        self.apply(effects);
     }
 
     fn assign(
@@ -364,13 +497,14 @@ impl LeasesState {
             Some(s) => s,
             None => format!("s-{}", uuid::Uuid::new_v4().simple()),
         };
-        if let Some(rec) = self.shared.sessions.get(&session_id) {
-            if rec.state != SessionState::Ended {
-                return Err(ApiError::rpc(RpcError::conflict(
-                    "session_exists",
-                    format!("session {session_id:?} exists"),
-                )));
-            }
+        let exists = || {
+            ApiError::rpc(RpcError::conflict(
+                "session_exists",
+                format!("session {session_id:?} exists"),
+            ))
+        };
+        if !self.views.can_create(&session_id) {
+            return Err(exists());
         }
         let executor_id = match executor_id {
             Some(e) => {
@@ -381,9 +515,17 @@ impl LeasesState {
                 }
                 e
             }
-            None => self
-                .least_loaded()
-                .ok_or_else(|| ApiError::no_executor("no executor is connected"))?,
+            None => {
+                let registered: Vec<String> = self
+                    .shared
+                    .executors
+                    .iter()
+                    .map(|e| e.key().clone())
+                    .collect();
+                self.views
+                    .least_loaded(registered.iter().map(String::as_str))
+                    .ok_or_else(|| ApiError::no_executor("no executor is connected"))?
+            }
         };
         let now = self.now();
         let grant = match self.table.assign(&session_id, &executor_id, now) {
@@ -404,8 +546,19 @@ impl LeasesState {
             self.table.end(&session_id);
             return Err(ApiError::no_executor("the executor connection just closed"));
         };
-        self.tools.remove(&session_id);
-        self.event_seq.remove(&session_id);
+        if self
+            .views
+            .create(&session_id, &executor_id, grant.fencing_token)
+            .is_err()
+        {
+            return Err(exists());
+        }
+        // A new grant starts its tool and event bookkeeping over.
+        for (id, w) in self.tools.end(&session_id) {
+            let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
+        }
+        self.events.forget(&session_id);
+        self.shared.lease_deadlines.remove(&session_id);
         self.shared.sessions.insert(
             session_id.clone(),
             SessionInfo {
@@ -431,73 +584,35 @@ impl LeasesState {
         })
     }
 
-    /// The registered executor with the fewest live sessions (ties: by id).
-    fn least_loaded(&self) -> Option<String> {
-        let mut load: HashMap<String, usize> = self
-            .shared
-            .executors
-            .iter()
-            .map(|e| (e.key().clone(), 0))
-            .collect();
-        for s in self.shared.sessions.iter() {
-            if s.state != SessionState::Ended {
-                if let Some(n) = load.get_mut(&s.executor_id) {
-                    *n += 1;
-                }
-            }
-        }
-        load.into_iter()
-            .min_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)))
-            .map(|(e, _)| e)
-    }
-
     fn assign_answered(&mut self, session_id: &str, token: u64, result: Result<(), ApiError>) {
-        let current = self
-            .shared
-            .sessions
-            .get(session_id)
-            .map(|r| (r.fencing_token, r.state, r.executor_id.clone()));
-        let Some((fencing, st, executor_id)) = current else {
-            return;
-        };
-        if fencing != token {
-            return;
-        }
-        match result {
-            Ok(()) => {
-                if st == SessionState::Assigning {
-                    if let Some(mut rec) = self.shared.sessions.get_mut(session_id) {
-                        rec.state = SessionState::Active;
-                    }
-                }
-                self.shared.emit(HarnessEvent::SessionAssigned {
-                    session_id: session_id.to_owned(),
-                    executor_id,
-                    fencing_token: token,
-                });
-            }
-            Err(e) => {
-                tracing::info!(session = %session_id, error = %e, "assignment failed");
-                if self
-                    .table
-                    .holder(session_id)
-                    .is_some_and(|h| h.fencing_token == token)
-                {
-                    self.table.end(session_id);
-                }
-                // The session never began for the platform.
-                self.shared.sessions.remove(session_id);
-                self.tools.remove(session_id);
+        if let Err(e) = &result {
+            tracing::info!(session = %session_id, error = %e, "assignment failed");
+            if self
+                .table
+                .holder(session_id)
+                .is_some_and(|h| h.fencing_token == token)
+            {
+                self.table.end(session_id);
             }
         }
+        let effects = self
+            .views
+            .assign_answered(session_id, token, result.is_ok());
+        if result.is_err() && !effects.is_empty() {
+            // The session never began for the platform.
+            for (id, w) in self.tools.end(session_id) {
+                let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
+            }
+            self.events.forget(session_id);
+        }
+        self.apply(effects);
     }
 
     fn route(&self, session_id: &str) -> Result<Route, ApiError> {
-        let Some(rec) = self.shared.sessions.get(session_id).map(|r| r.clone()) else {
-            return Err(ApiError::unknown_session(session_id));
-        };
-        if rec.state == SessionState::Ended {
-            return Err(ApiError::session_ended(session_id));
+        match self.views.state(session_id) {
+            None => return Err(ApiError::unknown_session(session_id)),
+            Some(SessionState::Ended) => return Err(ApiError::session_ended(session_id)),
+            Some(_) => {}
         }
         let Some(view) = self.table.holder(session_id) else {
             return Err(ApiError::session_ended(session_id));
@@ -523,104 +638,89 @@ impl LeasesState {
         tool_call_id: String,
         waiter: ToolWaiter,
     ) -> Result<Option<Route>, ApiError> {
-        if let Some(t) = self.tools.get(session_id) {
-            match t.delivered.get(&tool_call_id) {
-                Some(Some(result)) => {
-                    let _ = waiter.send(Ok(result.clone()));
-                    return Ok(None);
-                }
-                Some(None) => {
-                    return Err(ApiError::rpc(RpcError::conflict(
-                        "tool_result_forgotten",
-                        format!("tool call {tool_call_id:?} was delivered long ago"),
-                    )))
-                }
-                None => {}
+        let forgotten = || {
+            ApiError::rpc(RpcError::conflict(
+                "tool_result_forgotten",
+                format!("tool call {tool_call_id:?} was delivered long ago"),
+            ))
+        };
+        match self.tools.lookup(session_id, &tool_call_id) {
+            Lookup::Delivered(result) => {
+                let _ = waiter.send(Ok(result.clone()));
+                return Ok(None);
             }
+            Lookup::Forgotten => return Err(forgotten()),
+            Lookup::Pending => {}
         }
         let route = self.route(session_id)?;
-        self.tools
-            .entry(session_id.to_owned())
-            .or_default()
-            .waiters
-            .entry(tool_call_id)
-            .or_default()
-            .push(waiter);
-        Ok(Some(route))
-    }
-
-    fn stop(
-        &mut self,
-        session_id: &str,
-        waiter: oneshot::Sender<SessionInfo>,
-    ) -> Result<Option<Route>, ApiError> {
-        let Some(rec) = self.shared.sessions.get(session_id).map(|r| r.clone()) else {
-            return Err(ApiError::unknown_session(session_id));
-        };
-        if rec.state == SessionState::Ended {
-            let _ = waiter.send(rec);
-            return Ok(None);
-        }
-        self.stop_waiters
-            .entry(session_id.to_owned())
-            .or_default()
-            .push(waiter);
-        match self.route(session_id) {
-            Ok(route) => {
-                if let Some(mut r) = self.shared.sessions.get_mut(session_id) {
-                    r.state = SessionState::Stopping;
-                }
-                Ok(Some(route))
-            }
-            Err(_) => {
-                // No live holder: nobody to ask, the session ends here (an
-                // executor that resumes it later is told to stop).
-                self.end_session(session_id, "stopped");
+        match self.tools.wait(session_id, &tool_call_id, waiter) {
+            Ok(()) => Ok(Some(route)),
+            // Checked just above; kept total rather than unwrapped.
+            Err((w, Some(result))) => {
+                let _ = w.send(Ok(result));
                 Ok(None)
             }
+            Err((_, None)) => Err(forgotten()),
         }
     }
 
-    /// The platform's view of a session ends: its lease is dropped, waiting
-    /// tool calls fail with `tool_outcome_unknown`, stop waiters are answered.
+    fn stop(&mut self, session_id: &str, waiter: StopWaiter) -> Result<Option<Route>, ApiError> {
+        match self.views.stop_requested(session_id, waiter) {
+            StopStart::Unknown(_) => Err(ApiError::unknown_session(session_id)),
+            StopStart::AlreadyEnded(w) => {
+                if let Some(rec) = self.shared.sessions.get(session_id).map(|r| r.clone()) {
+                    let _ = w.send(rec);
+                }
+                Ok(None)
+            }
+            StopStart::Pending => match self.route(session_id) {
+                Ok(route) => {
+                    let effects = self.views.stopping(session_id);
+                    self.apply(effects);
+                    Ok(Some(route))
+                }
+                Err(_) => {
+                    // No live holder: nobody to ask, the session ends here (an
+                    // executor that resumes it later is told to stop).
+                    self.end_session(session_id, "stopped");
+                    Ok(None)
+                }
+            },
+        }
+    }
+
     fn end_session(&mut self, session_id: &str, reason: &str) {
         self.table.end(session_id);
-        let info = {
-            let Some(mut rec) = self.shared.sessions.get_mut(session_id) else {
-                return;
-            };
-            if rec.state == SessionState::Ended {
-                return;
-            }
+        let now = self.now();
+        let effects = self.views.end(session_id, reason, now);
+        self.apply(effects);
+    }
+
+    /// The platform's view of a session ended: its lease is dropped, waiting
+    /// tool calls fail with `tool_outcome_unknown`, stop waiters are answered.
+    fn ended(&mut self, session_id: &str, reason: &str, waiters: Vec<StopWaiter>) {
+        self.table.end(session_id);
+        self.shared.lease_deadlines.remove(session_id);
+        let info = self.shared.sessions.get_mut(session_id).map(|mut rec| {
             rec.state = SessionState::Ended;
             rec.ended_at = Some(now_rfc3339());
             rec.ended_reason = Some(reason.to_owned());
             rec.clone()
-        };
+        });
         tracing::info!(session = %session_id, %reason, "session ended");
-        if let Some(t) = self.tools.remove(session_id) {
-            for (id, ws) in t.waiters {
-                for w in ws {
-                    let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
-                }
+        for (id, w) in self.tools.end(session_id) {
+            let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
+        }
+        if let Some(info) = info {
+            for w in waiters {
+                let _ = w.send(info.clone());
             }
         }
-        for w in self.stop_waiters.remove(session_id).unwrap_or_default() {
-            let _ = w.send(info.clone());
-        }
-        self.event_seq.remove(session_id);
+        self.events.forget(session_id);
         self.shared.emit(HarnessEvent::SessionEnded {
             session_id: session_id.to_owned(),
             reason: reason.to_owned(),
         });
-        self.ended_order.push_back(session_id.to_owned());
-        while self.ended_order.len() > self.shared.config.ended_sessions_kept.max(1) {
-            if let Some(old) = self.ended_order.pop_front() {
-                self.shared
-                    .sessions
-                    .remove_if(&old, |_, r| r.state == SessionState::Ended);
-            }
-        }
     }
 
     fn tick(&mut self) {
@@ -648,7 +748,7 @@ impl LeasesState {
             ),
             LeaseError::Expired => ("lease_expired", "the session's lease has expired"),
             LeaseError::UnknownSession => {
-                if !self.shared.sessions.contains_key(session_id) {
+                if self.views.get(session_id).is_none() {
                     return RpcError::session_not_active(session_id).with_reason("unknown_session");
                 }
                 ("lease_ended", "the session's lease has ended")
@@ -660,7 +760,6 @@ impl LeasesState {
         };
         RpcError::new(ErrorCode::LeaseExpired, msg).with_reason(reason)
     }
-
     fn frame(
         &mut self,
         conn: ConnId,
@@ -676,7 +775,7 @@ impl LeasesState {
             // A repeated session.ended for a session already over is
             // acknowledged again (the executor retries until it is).
             if method == Method::SessionEnded {
-                let ended_here = self.shared.sessions.get(&session_id).is_some_and(|r| {
+                let ended_here = self.views.get(&session_id).is_some_and(|r| {
                     r.state == SessionState::Ended
                         && self.table.executor_of(conn) == Some(r.executor_id.as_str())
                 });
@@ -758,36 +857,33 @@ impl LeasesState {
                 let Some(p) = decode_params::<SessionEventParams>(&frame, &mut reply) else {
                     return;
                 };
-                let expected = self.event_seq.get(&session_id).copied();
-                let ok = match expected {
-                    None => true,
-                    Some(n) => p.sequence == n,
-                };
-                if !ok {
-                    let n = expected.unwrap_or(0);
+                let acked = match self.events.accept(&session_id, p.sequence) {
+                    EventDecision::Accept { acked } => acked,
                     // A resent event already acknowledged: acknowledge again.
-                    if p.sequence < n {
+                    EventDecision::Repeat { acked } => {
                         return answer(
                             reply,
                             Ok(SessionEventResult {
                                 accepted: true,
-                                acked_sequence: n - 1,
+                                acked_sequence: acked,
                                 event_id: p.event_id,
                             }),
                         );
                     }
-                    return answer::<Accepted>(
-                        reply,
-                        Err(
-                            RpcError::conflict("unexpected_sequence", "event sequence has a hole")
-                                .with_expected_sequence(n),
-                        ),
-                    );
-                }
-                self.event_seq.insert(session_id, p.sequence + 1);
+                    EventDecision::Hole { expected } => {
+                        return answer::<Accepted>(
+                            reply,
+                            Err(RpcError::conflict(
+                                "unexpected_sequence",
+                                "event sequence has a hole",
+                            )
+                            .with_expected_sequence(expected)),
+                        );
+                    }
+                };
                 let result = SessionEventResult {
                     accepted: true,
-                    acked_sequence: p.sequence,
+                    acked_sequence: acked,
                     event_id: p.event_id.clone(),
                 };
                 self.shared.emit(HarnessEvent::SessionEvent(p));
@@ -827,21 +923,17 @@ impl LeasesState {
     /// Exactly once: the first result for a `toolCallId` goes to its
     /// waiters and the event stream; repeats are only acknowledged.
     fn tool_result(&mut self, p: ToolResultParams) {
-        let t = self.tools.entry(p.session_id.clone()).or_default();
-        if t.delivered.contains_key(&p.tool_call_id) {
-            tracing::debug!(tool_call = %p.tool_call_id, "duplicate tool.result acknowledged");
-            return;
-        }
-        t.delivered.insert(p.tool_call_id.clone(), Some(p.clone()));
-        t.order.push_back(p.tool_call_id.clone());
-        if t.order.len() > RESULTS_KEPT {
-            if let Some(old) = t.order.pop_front() {
-                t.delivered.insert(old, None);
+        let (session_id, call_id) = (p.session_id.clone(), p.tool_call_id.clone());
+        match self.tools.result(&session_id, &call_id, p) {
+            Delivery::Duplicate => {
+                tracing::debug!(tool_call = %call_id, "duplicate tool.result acknowledged");
+            }
+            Delivery::Deliver { waiters, result } => {
+                for w in waiters {
+                    let _ = w.send(Ok(result.clone()));
+                }
+                self.shared.emit(HarnessEvent::ToolResult(result));
             }
         }
-        for w in t.waiters.remove(&p.tool_call_id).unwrap_or_default() {
-            let _ = w.send(Ok(p.clone()));
-        }
-        self.shared.emit(HarnessEvent::ToolResult(p));
     }
 }

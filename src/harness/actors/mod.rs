@@ -6,9 +6,14 @@
 //! │                    the platform's view of sessions, tool-call waiters,
 //! │                    the 4008 / lease-expiry timer
 //! └── connections      dynamic supervisor
-//!     └── connection <n>  one per executor connection: register,
+//!     └── connection <n>  temporary, one per executor connection: register,
 //!                      heartbeat, token refresh; forwards session frames
 //! ```
+//!
+//! `leases` is permanent and rebuilds its state on restart (see
+//! [`root`]); a failed connection is not restarted, its socket is closed
+//! so the executor reconnects.
 
 pub mod connection;
 pub mod leases;
+pub mod root;

@@ -110,13 +110,20 @@ fn shutting_down() -> ApiError {
     )
 }
 
+/// A stop's waiter was dropped by a crashing leases actor.
+struct StopLost;
+
 pub(crate) async fn ask<T>(
     shared: &Shared,
     make: impl FnOnce(oneshot::Sender<T>) -> LeasesMsg,
 ) -> Result<T, ApiError> {
-    let leases = shared.leases().ok_or_else(shutting_down)?;
     let (tx, rx) = oneshot::channel();
-    leases.send_message(make(tx)).map_err(|_| shutting_down())?;
+    // A crashed leases actor is replaced by its supervisor: the request
+    // waits for the new one instead of failing.
+    shared
+        .send_leases(make(tx))
+        .await
+        .map_err(|_| shutting_down())?;
     rx.await.map_err(|_| shutting_down())
 }
 
@@ -164,13 +171,13 @@ impl Sessions {
             Err(CallError::Closed) => Err(ApiError::no_executor("the executor connection closed")),
             Err(e) => Err(ApiError::from_call(e)),
         };
-        if let Some(leases) = shared.leases() {
-            let _ = leases.send_message(LeasesMsg::AssignAnswered {
+        let _ = shared
+            .send_leases(LeasesMsg::AssignAnswered {
                 session_id: session_id.clone(),
                 fencing_token: token,
                 result: result.clone(),
-            });
-        }
+            })
+            .await;
         result?;
         Ok(Session {
             shared: shared.clone(),
@@ -413,6 +420,11 @@ impl Session {
         };
         match tokio::time::timeout(limit, &mut wrx).await {
             Ok(Ok(r)) => r,
+            // The leases actor crashed with the waiter; its successor does
+            // not know the call, so its outcome is unknown to us.
+            Ok(Err(_)) if !self.shared.shutdown.is_cancelled() => {
+                Err(ApiError::tool_outcome_unknown(&tool_call_id))
+            }
             Ok(Err(_)) => Err(shutting_down()),
             Err(_) => {
                 drop(wrx);
@@ -427,14 +439,30 @@ impl Session {
     /// Stop the session: `session.stop`, then wait for `session.ended` or
     /// the stop deadline; returns the ended session.
     pub async fn stop(&self) -> Result<SessionInfo, ApiError> {
+        match self.stop_once().await {
+            // The leases actor crashed with the waiter: ask its successor.
+            Err(StopLost) if !self.shared.shutdown.is_cancelled() => self
+                .stop_once()
+                .await
+                .unwrap_or_else(|StopLost| Err(shutting_down())),
+            Err(StopLost) => Err(shutting_down()),
+            Ok(r) => r,
+        }
+    }
+
+    async fn stop_once(&self) -> Result<Result<SessionInfo, ApiError>, StopLost> {
         let (wtx, wrx) = oneshot::channel();
         let sid = self.id.clone();
-        let route = ask(&self.shared, |reply| LeasesMsg::Stop {
+        let route = match ask(&self.shared, |reply| LeasesMsg::Stop {
             session_id: sid,
             waiter: wtx,
             reply,
         })
-        .await??;
+        .await
+        {
+            Ok(Ok(route)) => route,
+            Ok(Err(e)) | Err(e) => return Ok(Err(e)),
+        };
         let deadline_ms = self.shared.config.stop_deadline_ms;
         if let Some(route) = route {
             let params = StopParams {
@@ -462,9 +490,9 @@ impl Session {
         }
         let limit = Duration::from_millis(deadline_ms) + Duration::from_secs(2);
         let mut wrx = wrx;
-        match tokio::time::timeout(limit, &mut wrx).await {
+        Ok(match tokio::time::timeout(limit, &mut wrx).await {
             Ok(Ok(info)) => Ok(info),
-            Ok(Err(_)) => Err(shutting_down()),
+            Ok(Err(_)) => return Err(StopLost),
             Err(_) => {
                 self.force_end("stop_timeout");
                 match tokio::time::timeout(Duration::from_secs(2), wrx).await {
@@ -475,7 +503,7 @@ impl Session {
                         .ok_or_else(shutting_down),
                 }
             }
-        }
+        })
     }
 
     fn force_end(&self, reason: &str) {
