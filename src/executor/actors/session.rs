@@ -10,13 +10,11 @@
 use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
 use super::tool::{ToolActor, ToolArgs, ToolMsg};
 use crate::executor::Shared;
-use crate::wire::types::{
-    Accepted, ProcessReadParams, ProcessRefParams, ProcessTerminateParams, ProcessWriteParams,
-};
+use crate::wire::request::ProcessRequest;
+use crate::wire::types::Accepted;
 use crate::wire::types::{
     AssignParams, ProcState, ProcessListResult, ProcessStartParams, ProcessState, ReadyParams,
-    SessionStatus, StatusParams, StopParams, StopResult, ToolCallParams, ToolCancelParams,
-    ToolCancelResult,
+    SessionStatus, StatusParams, StopResult, ToolCallParams, ToolCancelResult,
 };
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -27,18 +25,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
-/// Requests the router hands a session.
-pub enum SessionRequest {
-    Stop(StopParams),
-    ProcessStart(ProcessStartParams),
-    ProcessRead(ProcessReadParams),
-    ProcessWrite(ProcessWriteParams),
-    ProcessInterrupt(ProcessRefParams),
-    ProcessTerminate(ProcessTerminateParams),
-    ProcessList,
-    ToolCall(ToolCallParams),
-    ToolCancel(ToolCancelParams),
-}
+/// Requests the router hands a session: generated from the method table
+/// (the rows it owns, plus process requests the router could not deliver
+/// straight to their process).
+pub use crate::wire::request::SessionRequest;
 
 pub enum SessionMsg {
     Request(SessionRequest, Responder),
@@ -490,7 +480,7 @@ impl Session {
             Err(e) => msg.fail(e),
         };
         match req {
-            SessionRequest::Stop(p) => {
+            SessionRequest::SessionStop(p) => {
                 let deadline = Duration::from_millis(p.deadline_ms.unwrap_or(5_000).min(600_000));
                 self.stop(
                     myself,
@@ -503,10 +493,10 @@ impl Session {
                 .await
             }
             SessionRequest::ProcessStart(p) => self.start_process(myself, state, p, reply).await,
-            SessionRequest::ProcessRead(p) => {
+            SessionRequest::Process(ProcessRequest::ProcessRead(p)) => {
                 forward(state.process(&p.process_id), ProcessMsg::Read(p, reply))
             }
-            SessionRequest::ProcessWrite(p) => {
+            SessionRequest::Process(ProcessRequest::ProcessWrite(p)) => {
                 forward(state.process(&p.process_id), ProcessMsg::Write(p, reply))
             }
             SessionRequest::ProcessInterrupt(p) => {
@@ -521,7 +511,7 @@ impl Session {
                     done: None,
                 },
             ),
-            SessionRequest::ProcessList => {
+            SessionRequest::ProcessList(_) => {
                 let actors: Vec<ActorRef<ProcessMsg>> =
                     state.processes.values().map(|p| p.actor.clone()).collect();
                 tokio::spawn(async move {
