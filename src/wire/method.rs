@@ -41,27 +41,36 @@ impl Version {
     }
 }
 
-/// The actor kind that owns a method on its receiving side. Routing reads
-/// this, so a reader finds any handler by the method's name.
+/// The actor kind that owns a method on its receiving side: the one the
+/// receiving router hands the request to. The executor's router is generated
+/// from this column (see [`super::request`]), so a reader finds any handler
+/// by the method's name, and a row that names the wrong owner does not
+/// compile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
-    /// The connection actor (register, heartbeat, drain, close).
+    /// The receiving side's connection actor: on the harness, register,
+    /// heartbeat, token refresh, capabilities, close and the executor-scoped
+    /// terminal notifications; on the executor, drain.
     Connection,
-    /// The sessions supervisor (assign: creates session actors).
+    /// The executor's sessions supervisor (assign: creates session actors).
     Sessions,
-    /// One session actor, by `sessionId`.
+    /// One session actor, by `sessionId`. It owns its process and tool-call
+    /// registries, so it starts processes and tool calls (idempotency by id)
+    /// and forwards the process controls that need them.
     Session,
-    /// One process actor, by `sessionId` + `processId` (through its session).
+    /// One process actor, by `sessionId` + `processId`, reached straight
+    /// through the router's process map (the hot `read`/`write` path).
     Process,
-    /// One tool-call actor, by `sessionId` + `toolCallId` (through its session).
-    Tool,
-    /// One MCP server actor, by `sessionId` + `serverKey`.
+    /// One MCP server actor, by `sessionId` + `serverKey` (not built yet:
+    /// the executor refuses `mcp.*` for its capability, the harness's
+    /// connection actor answers them itself).
     Mcp,
-    /// One turn actor, by `sessionId` + `turnId`.
+    /// One turn actor, by `sessionId` + `turnId` (not built yet).
     Turn,
-    /// The terminals supervisor / one terminal actor, by `terminalId`.
+    /// The executor's terminals supervisor, by `terminalId`.
     Terminal,
-    /// The harness's view of the session (leases, deliveries to the platform).
+    /// The harness's leases actor: its view of each session (fencing,
+    /// deliveries to the platform).
     HarnessSession,
 }
 
@@ -109,15 +118,15 @@ methods! {
     SessionStop = "session.stop", ToExecutor, Request, V1, Some("sessionId"), Session;
     SessionEnded = "session.ended", ToHarness, Request, V1, Some("sessionId"), HarnessSession;
     SessionStatus = "session.status", ToHarness, Notification, V1, None, HarnessSession;
-    ToolCall = "tool.call", ToExecutor, Request, V1, Some("toolCallId"), Tool;
+    ToolCall = "tool.call", ToExecutor, Request, V1, Some("toolCallId"), Session;
     ToolResult = "tool.result", ToHarness, Request, V1, Some("toolCallId"), HarnessSession;
-    ToolCancel = "tool.cancel", ToExecutor, Request, V1, Some("toolCallId"), Tool;
+    ToolCancel = "tool.cancel", ToExecutor, Request, V1, Some("toolCallId"), Session;
     ToolProgress = "tool.progress", ToHarness, Notification, V1, None, HarnessSession;
-    ProcessStart = "process.start", ToExecutor, Request, V1, Some("processId"), Process;
+    ProcessStart = "process.start", ToExecutor, Request, V1, Some("processId"), Session;
     ProcessRead = "process.read", ToExecutor, Request, V1, None, Process;
     ProcessWrite = "process.write", ToExecutor, Request, V1, None, Process;
-    ProcessInterrupt = "process.interrupt", ToExecutor, Request, V1, None, Process;
-    ProcessTerminate = "process.terminate", ToExecutor, Request, V1, None, Process;
+    ProcessInterrupt = "process.interrupt", ToExecutor, Request, V1, None, Session;
+    ProcessTerminate = "process.terminate", ToExecutor, Request, V1, None, Session;
     ProcessList = "process.list", ToExecutor, Request, V1, None, Session;
     ProcessStatus = "process.status", ToHarness, Notification, V1, None, HarnessSession;
     TerminalOpen = "terminal.open", ToExecutor, Request, V1_1, Some("terminalId"), Terminal;
@@ -125,8 +134,8 @@ methods! {
     TerminalClose = "terminal.close", ToExecutor, Request, V1_1, Some("terminalId"), Terminal;
     TerminalResize = "terminal.resize", ToExecutor, Request, V1_1, Some("terminalId"), Terminal;
     TerminalInput = "terminal.input", ToExecutor, Either, V1_1, None, Terminal;
-    TerminalOutput = "terminal.output", ToHarness, Notification, V1_1, None, HarnessSession;
-    TerminalExited = "terminal.exited", ToHarness, Notification, V1_1, None, HarnessSession;
+    TerminalOutput = "terminal.output", ToHarness, Notification, V1_1, None, Connection;
+    TerminalExited = "terminal.exited", ToHarness, Notification, V1_1, None, Connection;
     McpOpen = "mcp.open", Both, Request, V1_1, None, Mcp;
     McpClose = "mcp.close", Both, Request, V1_1, None, Mcp;
     McpFrame = "mcp.frame", Both, Notification, V1_1, None, Mcp;
@@ -159,7 +168,7 @@ pub struct MethodSpec {
 
 impl Method {
     /// This method's row of [`METHODS`].
-    pub fn spec(self) -> &'static MethodSpec {
+    pub const fn spec(self) -> &'static MethodSpec {
         // The table is generated in enum order, so the discriminant indexes it.
         &METHODS[self as usize]
     }
@@ -168,7 +177,8 @@ impl Method {
         self.spec().since
     }
 
-    pub fn owner(self) -> Owner {
+    /// `const` so the request enums can check their owner at compile time.
+    pub const fn owner(self) -> Owner {
         self.spec().owner
     }
 
@@ -218,5 +228,89 @@ mod tests {
         assert!(Method::SessionAssign.executor_receives());
         assert!(!Method::SessionAssign.harness_receives());
         assert!(Method::McpFrame.executor_receives() && Method::McpFrame.harness_receives());
+    }
+
+    /// The owner column, written out: where each method is handled today
+    /// (executor: `executor::actors::router`, whose routing is generated
+    /// from the column; harness: `harness::actors::connection`, which hands
+    /// `HarnessSession` rows to the leases actor). A change to the table
+    /// must change this list too, on purpose.
+    #[test]
+    fn owners_are_where_the_code_handles_them() {
+        use Method::*;
+        use Owner::*;
+        let expected: &[(Method, Owner)] = &[
+            (ExecutorRegister, Connection),
+            (ExecutorHeartbeat, Connection),
+            (ExecutorTokenRefresh, Connection),
+            (ExecutorCapabilitiesUpdate, Connection),
+            (ExecutorClose, Connection),
+            (ExecutorDrain, Connection),
+            (SessionAssign, Sessions),
+            (SessionReady, HarnessSession),
+            (SessionStop, Session),
+            (SessionEnded, HarnessSession),
+            (SessionStatus, HarnessSession),
+            // The session owns the tool-call registry (at most once by id).
+            (ToolCall, Session),
+            (ToolResult, HarnessSession),
+            (ToolCancel, Session),
+            (ToolProgress, HarnessSession),
+            // The session owns the process registry (idempotent starts) and
+            // forwards the controls; only read and write skip it.
+            (ProcessStart, Session),
+            (ProcessRead, Process),
+            (ProcessWrite, Process),
+            (ProcessInterrupt, Session),
+            (ProcessTerminate, Session),
+            (ProcessList, Session),
+            (ProcessStatus, HarnessSession),
+            (TerminalOpen, Terminal),
+            (TerminalAttach, Terminal),
+            (TerminalClose, Terminal),
+            (TerminalResize, Terminal),
+            (TerminalInput, Terminal),
+            // Executor-scoped notifications the harness connection handles.
+            (TerminalOutput, Connection),
+            (TerminalExited, Connection),
+            (McpOpen, Mcp),
+            (McpClose, Mcp),
+            (McpFrame, Mcp),
+            (TurnStart, Turn),
+            (TurnInput, Turn),
+            (TurnCancel, Turn),
+            (SessionEvent, HarnessSession),
+            (SessionEventDelta, HarnessSession),
+            (SessionClose, Session),
+            (InteractionRequest, HarnessSession),
+            (InteractionCancel, HarnessSession),
+            (InteractionResponse, Turn),
+            (WorkspaceBackup, Session),
+            (SkillInstall, Session),
+            (FsMount, Session),
+            (FsUnmount, Session),
+        ];
+        assert_eq!(expected.len(), METHODS.len());
+        for (i, (method, owner)) in expected.iter().enumerate() {
+            assert_eq!(METHODS[i].method, *method, "row {i}");
+            assert_eq!(method.owner(), *owner, "{method}");
+        }
+    }
+
+    #[test]
+    fn owners_sit_on_the_receiving_side() {
+        for spec in METHODS {
+            let on_harness = matches!(spec.owner, Owner::HarnessSession);
+            let on_executor = matches!(
+                spec.owner,
+                Owner::Sessions | Owner::Session | Owner::Process | Owner::Terminal | Owner::Turn
+            );
+            if on_harness {
+                assert_eq!(spec.direction, Direction::ToHarness, "{}", spec.name);
+            }
+            if on_executor {
+                assert_eq!(spec.direction, Direction::ToExecutor, "{}", spec.name);
+            }
+        }
     }
 }

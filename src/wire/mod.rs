@@ -9,6 +9,7 @@ pub mod frame;
 pub mod link;
 pub mod method;
 pub mod outbox;
+pub mod request;
 pub mod transport;
 pub mod types;
 
@@ -18,4 +19,5 @@ pub use error::{CloseCode, ErrorCode, RpcError};
 pub use frame::{FrameKind, Id, Inbound};
 pub use link::{decode_params, CallError, Closed, Dispatch, Link, LinkLimits, Reader, Responder};
 pub use method::{Method, Owner, Version, METHODS};
+pub use request::Request;
 pub use transport::{Endpoint, Transport};

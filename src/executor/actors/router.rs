@@ -1,15 +1,18 @@
-//! The executor's frame router: decodes a frame's params into the type its
-//! method names and casts it to the actor that owns it (by the method table).
-//! It holds no business state: a lookup, a cast, nothing awaited.
+//! The executor's frame router: parse the envelope, decode the params once
+//! into the owning actor's request ([`crate::wire::request`], generated from
+//! the method table), one map lookup by the owner's key, one cast. It holds
+//! no business state: nothing awaited.
 
 use super::connection::ConnMsg;
 use super::process::ProcessMsg;
-use super::session::{SessionMsg, SessionRequest};
+use super::session::SessionMsg;
 use super::sessions::SessionsMsg;
-use super::terminals::{TerminalRequest, TerminalsMsg};
+use super::terminals::TerminalsMsg;
 use crate::executor::Shared;
-use crate::wire::types::SessionRefParams;
-use crate::wire::{decode_params, Dispatch, Inbound, Method, Owner, Responder, RpcError, Version};
+use crate::wire::request::{
+    self, ConnectionRequest, ProcessRequest, SessionRequest, SessionsRequest, TerminalRequest,
+};
+use crate::wire::{Dispatch, Inbound, Method, Request, Responder, RpcError, Version};
 use ractor::ActorRef;
 use std::sync::Arc;
 
@@ -30,6 +33,21 @@ impl ExecutorRouter {
     }
 }
 
+/// The capability a method needs that no executor offers yet: these have
+/// no owner actor ([`request::routed`] is `None`) and are refused before
+/// their params are read.
+fn not_built(method: Method) -> Option<&'static str> {
+    use Method::*;
+    match method {
+        McpOpen | McpClose | McpFrame => Some("mcp"),
+        TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => Some("agent"),
+        WorkspaceBackup => Some("workspace"),
+        SkillInstall => Some("skills"),
+        FsMount | FsUnmount => Some("fs"),
+        _ => None,
+    }
+}
+
 /// The capability a method needs that this executor does not offer.
 fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
     use Method::*;
@@ -39,12 +57,7 @@ fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
                 .is_none()
                 .then_some("terminal")
         }
-        McpOpen | McpClose | McpFrame => Some("mcp"),
-        TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => Some("agent"),
-        WorkspaceBackup => Some("workspace"),
-        SkillInstall => Some("skills"),
-        FsMount | FsUnmount => Some("fs"),
-        _ => None,
+        other => not_built(other),
     }
 }
 
@@ -56,7 +69,7 @@ fn answer(reply: Option<Responder>, error: RpcError) {
 }
 
 impl Dispatch for ExecutorRouter {
-    fn dispatch(&self, frame: Inbound, mut reply: Option<Responder>) {
+    fn dispatch(&self, frame: Inbound, reply: Option<Responder>) {
         let Some(method) = frame.method().and_then(Method::from_name) else {
             return;
         };
@@ -68,136 +81,120 @@ impl Dispatch for ExecutorRouter {
         if let Some(cap) = missing_capability(&self.shared, method) {
             return answer(reply, RpcError::capability_unavailable(cap));
         }
-        match method.owner() {
-            Owner::Connection => {
-                if method == Method::ExecutorDrain {
-                    let (Some(p), Some(r)) = (decode_params(&frame, &mut reply), reply.take())
-                    else {
-                        return;
-                    };
-                    if let Err(e) = self.connection.send_message(ConnMsg::Drain(p, r)) {
-                        tracing::warn!(error = %e, "connection actor gone");
-                    }
+        let request = match request::decode(method, &frame) {
+            Ok(request) => request,
+            Err(e) => return answer(reply, e),
+        };
+        match (request, reply) {
+            // `terminal.input` may come as a notification.
+            (Request::Terminal(r), reply) => self.terminal(r, reply),
+            // No other request is answered as a notification: nobody to
+            // answer, so it is dropped (as it always was).
+            (_, None) => {}
+            (Request::Process(r), Some(reply)) => self.process(r, reply),
+            (Request::Session(r), Some(reply)) => self.session(r, reply),
+            (Request::Connection(ConnectionRequest::ExecutorDrain(p)), Some(reply)) => {
+                if let Err(e) = self.connection.send_message(ConnMsg::Drain(p, reply)) {
+                    tracing::warn!(error = %e, "connection actor gone");
                 }
             }
-            Owner::Sessions => {
-                let (Some(p), Some(r)) = (decode_params(&frame, &mut reply), reply.take()) else {
-                    return;
-                };
+            (Request::Sessions(SessionsRequest::SessionAssign(p)), Some(reply)) => {
+                let unavailable = || RpcError::internal("sessions supervisor unavailable");
                 match self.shared.sessions_actor() {
                     Some(s) => {
                         if let Err(ractor::MessagingErr::SendErr(SessionsMsg::Assign(_, r))) =
-                            s.send_message(SessionsMsg::Assign(Box::new(p), r))
+                            s.send_message(SessionsMsg::Assign(p, reply))
                         {
-                            r.err(RpcError::internal("sessions supervisor unavailable"));
+                            r.err(unavailable());
                         }
                     }
-                    None => r.err(RpcError::internal("sessions supervisor unavailable")),
+                    None => reply.err(unavailable()),
                 }
             }
-            Owner::Terminal => self.terminal(method, &frame, reply),
-            _ => self.session_scoped(method, &frame, reply),
         }
     }
 }
 
 impl ExecutorRouter {
-    fn terminal(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
-        let request = match method {
-            Method::TerminalOpen => decode_params(frame, &mut reply).map(TerminalRequest::Open),
-            Method::TerminalAttach => decode_params(frame, &mut reply).map(TerminalRequest::Attach),
-            Method::TerminalInput => decode_params(frame, &mut reply).map(TerminalRequest::Input),
-            Method::TerminalResize => decode_params(frame, &mut reply).map(TerminalRequest::Resize),
-            Method::TerminalClose => decode_params(frame, &mut reply).map(TerminalRequest::Close),
-            other => return answer(reply, RpcError::method_not_found(other.as_str())),
-        };
-        let Some(request) = request else { return };
+    fn terminal(&self, request: TerminalRequest, reply: Option<Responder>) {
+        let unavailable = || RpcError::internal("terminals supervisor unavailable");
         match self.shared.terminals_actor() {
             Some(t) => {
                 if let Err(ractor::MessagingErr::SendErr(TerminalsMsg::Request(_, reply))) =
                     t.send_message(TerminalsMsg::Request(request, reply))
                 {
-                    answer(
-                        reply,
-                        RpcError::internal("terminals supervisor unavailable"),
-                    );
+                    answer(reply, unavailable());
                 }
             }
-            None => answer(
-                reply,
-                RpcError::internal("terminals supervisor unavailable"),
-            ),
+            None => answer(reply, unavailable()),
         }
     }
 
-    fn session_scoped(&self, method: Method, frame: &Inbound, mut reply: Option<Responder>) {
-        let Some(SessionRefParams { session_id }) = decode_params(frame, &mut reply) else {
-            return;
+    /// The hot path: `process.read` and `process.write` go straight to the
+    /// process actor. A process the map does not hold (yet: its start may
+    /// still be in the session's mailbox) goes through its session, which
+    /// serializes it after the start or answers that it does not exist.
+    fn process(&self, request: ProcessRequest, reply: Responder) {
+        let key = crate::executor::runtime::process_key(request.session_id(), request.process_id());
+        let Some(actor) = self.shared.processes.get(&key).map(|a| a.clone()) else {
+            return self.session(SessionRequest::Process(request), reply);
         };
-        let request = match method {
-            Method::SessionStop => decode_params(frame, &mut reply).map(SessionRequest::Stop),
-            Method::ProcessStart => {
-                decode_params(frame, &mut reply).map(SessionRequest::ProcessStart)
-            }
-            Method::ProcessRead => {
-                decode_params(frame, &mut reply).map(SessionRequest::ProcessRead)
-            }
-            Method::ProcessWrite => {
-                decode_params(frame, &mut reply).map(SessionRequest::ProcessWrite)
-            }
-            Method::ProcessInterrupt => {
-                decode_params(frame, &mut reply).map(SessionRequest::ProcessInterrupt)
-            }
-            Method::ProcessTerminate => {
-                decode_params(frame, &mut reply).map(SessionRequest::ProcessTerminate)
-            }
-            Method::ProcessList => Some(SessionRequest::ProcessList),
-            Method::ToolCall => decode_params(frame, &mut reply).map(SessionRequest::ToolCall),
-            Method::ToolCancel => decode_params(frame, &mut reply).map(SessionRequest::ToolCancel),
-            other => {
-                return answer(reply, RpcError::method_not_found(other.as_str()));
-            }
+        let msg = match request {
+            ProcessRequest::ProcessRead(p) => ProcessMsg::Read(p, reply),
+            ProcessRequest::ProcessWrite(p) => ProcessMsg::Write(p, reply),
         };
-        let (Some(request), Some(reply)) = (request, reply) else {
-            return;
-        };
-        // The hot path: reads and writes go straight to the process actor.
-        let direct = match request {
-            SessionRequest::ProcessRead(p) => {
-                Ok((p.process_id.clone(), ProcessMsg::Read(p, reply)))
+        if let Err(ractor::MessagingErr::SendErr(msg)) = actor.send_message(msg) {
+            // The process actor stopped: its session is ending.
+            let session_id = match &msg {
+                ProcessMsg::Read(p, _) => p.session_id.as_str(),
+                ProcessMsg::Write(p, _) => p.session_id.as_str(),
+                _ => "",
             }
-            SessionRequest::ProcessWrite(p) => {
-                Ok((p.process_id.clone(), ProcessMsg::Write(p, reply)))
-            }
-            other => Err((other, reply)),
+            .to_owned();
+            msg.fail(RpcError::session_not_active(&session_id));
+        }
+    }
+
+    fn session(&self, request: SessionRequest, reply: Responder) {
+        let Some(session) = self
+            .shared
+            .sessions
+            .get(request.session_id())
+            .map(|s| s.clone())
+        else {
+            return reply.err(RpcError::session_not_active(request.session_id()));
         };
-        let (request, reply) = match direct {
-            Ok((process_id, msg)) => {
-                let key = crate::executor::runtime::process_key(&session_id, &process_id);
-                let actor = self.shared.processes.get(&key).map(|a| a.clone());
-                match actor {
-                    Some(actor) => {
-                        if let Err(ractor::MessagingErr::SendErr(msg)) = actor.send_message(msg) {
-                            msg.fail(RpcError::session_not_active(&session_id));
-                        }
-                        return;
-                    }
-                    None => match msg {
-                        ProcessMsg::Read(p, reply) => (SessionRequest::ProcessRead(p), reply),
-                        ProcessMsg::Write(p, reply) => (SessionRequest::ProcessWrite(p), reply),
-                        _ => return,
-                    },
-                }
-            }
-            Err(pair) => pair,
-        };
-        let Some(session) = self.shared.sessions.get(&session_id).map(|s| s.clone()) else {
-            return reply.err(RpcError::session_not_active(&session_id));
-        };
-        if let Err(ractor::MessagingErr::SendErr(SessionMsg::Request(_, reply))) =
+        if let Err(ractor::MessagingErr::SendErr(SessionMsg::Request(request, reply))) =
             session.send_message(SessionMsg::Request(request, reply))
         {
-            reply.err(RpcError::session_not_active(&session_id));
+            reply.err(RpcError::session_not_active(request.session_id()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::METHODS;
+
+    /// Every method an executor receives is either routed to the owner the
+    /// table names or refused as not built, never both, never neither.
+    #[test]
+    fn every_received_method_is_routed_to_its_owner_or_refused() {
+        for spec in METHODS {
+            let (routed, refused) = (request::routed(spec.method), not_built(spec.method));
+            if spec.method.executor_receives() {
+                assert!(
+                    routed.is_some() != refused.is_some(),
+                    "{}: routed {routed:?}, refused {refused:?}",
+                    spec.name
+                );
+                if let Some(owner) = routed {
+                    assert_eq!(owner, spec.owner, "{}", spec.name);
+                }
+            } else {
+                assert_eq!(routed, None, "{} is not the executor's", spec.name);
+            }
         }
     }
 }

@@ -20,13 +20,12 @@ use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
 use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
 use crate::supervisor::{ChildSpec, Exit};
-use crate::wire::types::{
-    Accepted, ProcessReadParams, ProcessRefParams, ProcessTerminateParams, ProcessWriteParams,
-};
+use crate::wire::request::ProcessRequest;
+use crate::wire::types::Accepted;
 use crate::wire::types::{
     AssignParams, ProcState, ProcessListResult, ProcessStartParams, ProcessState,
-    ProcessStatusParams, ReadyParams, SessionStatus, StatusParams, StopParams, StopResult,
-    ToolCallParams, ToolCancelParams, ToolCancelResult, ToolResultParams,
+    ProcessStatusParams, ReadyParams, SessionStatus, StatusParams, StopResult, ToolCallParams,
+    ToolCancelResult, ToolResultParams,
 };
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -37,18 +36,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
-/// Requests the router hands a session.
-pub enum SessionRequest {
-    Stop(StopParams),
-    ProcessStart(ProcessStartParams),
-    ProcessRead(ProcessReadParams),
-    ProcessWrite(ProcessWriteParams),
-    ProcessInterrupt(ProcessRefParams),
-    ProcessTerminate(ProcessTerminateParams),
-    ProcessList,
-    ToolCall(ToolCallParams),
-    ToolCancel(ToolCancelParams),
-}
+/// Requests the router hands a session: generated from the method table
+/// (the rows it owns, plus process requests the router could not deliver
+/// straight to their process).
+pub use crate::wire::request::SessionRequest;
 
 pub enum SessionMsg {
     Request(SessionRequest, Responder),
@@ -662,7 +653,7 @@ impl Session {
             Err(e) => msg.fail(e),
         };
         match req {
-            SessionRequest::Stop(p) => {
+            SessionRequest::SessionStop(p) => {
                 let deadline = Duration::from_millis(p.deadline_ms.unwrap_or(5_000).min(600_000));
                 self.stop(
                     myself,
@@ -675,10 +666,10 @@ impl Session {
                 .await
             }
             SessionRequest::ProcessStart(p) => self.start_process(myself, state, p, reply).await,
-            SessionRequest::ProcessRead(p) => {
+            SessionRequest::Process(ProcessRequest::ProcessRead(p)) => {
                 forward(state.process(&p.process_id), ProcessMsg::Read(p, reply))
             }
-            SessionRequest::ProcessWrite(p) => {
+            SessionRequest::Process(ProcessRequest::ProcessWrite(p)) => {
                 forward(state.process(&p.process_id), ProcessMsg::Write(p, reply))
             }
             SessionRequest::ProcessInterrupt(p) => {
@@ -693,7 +684,7 @@ impl Session {
                     done: None,
                 },
             ),
-            SessionRequest::ProcessList => {
+            SessionRequest::ProcessList(_) => {
                 let actors: Vec<ActorRef<ProcessMsg>> =
                     state.processes.values().map(|p| p.actor.clone()).collect();
                 tokio::spawn(async move {

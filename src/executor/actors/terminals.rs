@@ -12,38 +12,16 @@ use super::terminal::{self, TerminalActor, TerminalArgs, TerminalMsg};
 use crate::executor::Shared;
 use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
 use crate::supervisor::{ChildSpec, Exit};
-use crate::wire::types::TerminalCapability;
-use crate::wire::types::{
-    TerminalAttachParams, TerminalCloseParams, TerminalInputParams, TerminalOpenParams,
-    TerminalResizeParams,
-};
+use crate::wire::types::{TerminalCapability, TerminalOpenParams};
 use crate::wire::{Responder, RpcError};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Terminal requests the router hands over (`terminal.input` may be a
-/// notification: no responder).
-pub enum TerminalRequest {
-    Open(TerminalOpenParams),
-    Attach(TerminalAttachParams),
-    Input(TerminalInputParams),
-    Resize(TerminalResizeParams),
-    Close(TerminalCloseParams),
-}
-
-impl TerminalRequest {
-    fn terminal_id(&self) -> &str {
-        match self {
-            TerminalRequest::Open(p) => &p.terminal_id,
-            TerminalRequest::Attach(p) => &p.terminal_id,
-            TerminalRequest::Input(p) => &p.terminal_id,
-            TerminalRequest::Resize(p) => &p.terminal_id,
-            TerminalRequest::Close(p) => &p.terminal_id,
-        }
-    }
-}
+/// Terminal requests the router hands over, generated from the method table
+/// (`terminal.input` may be a notification: no responder).
+pub use crate::wire::request::TerminalRequest;
 
 pub enum TerminalsMsg {
     Request(TerminalRequest, Option<Responder>),
@@ -190,10 +168,10 @@ impl TerminalsState {
             return;
         };
         let msg = match (request, reply) {
-            (TerminalRequest::Attach(p), Some(r)) => TerminalMsg::Attach(p, r),
-            (TerminalRequest::Input(p), r) => TerminalMsg::Input(p, r),
-            (TerminalRequest::Resize(p), Some(r)) => TerminalMsg::Resize(p, r),
-            (TerminalRequest::Close(p), Some(r)) => TerminalMsg::Close(p, r),
+            (TerminalRequest::TerminalAttach(p), Some(r)) => TerminalMsg::Attach(p, r),
+            (TerminalRequest::TerminalInput(p), r) => TerminalMsg::Input(p, r),
+            (TerminalRequest::TerminalResize(p), Some(r)) => TerminalMsg::Resize(p, r),
+            (TerminalRequest::TerminalClose(p), Some(r)) => TerminalMsg::Close(p, r),
             // Requests that arrived as notifications: nobody to answer.
             _ => return,
         };
@@ -270,10 +248,10 @@ impl Actor for Terminals {
         state: &mut TerminalsState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            TerminalsMsg::Request(TerminalRequest::Open(p), Some(reply)) => {
+            TerminalsMsg::Request(TerminalRequest::TerminalOpen(p), Some(reply)) => {
                 state.open(&myself, p, reply).await
             }
-            TerminalsMsg::Request(TerminalRequest::Open(_), None) => {}
+            TerminalsMsg::Request(TerminalRequest::TerminalOpen(_), None) => {}
             TerminalsMsg::Request(request, reply) => state.forward(request, reply),
             TerminalsMsg::Reconnected => {
                 for e in state.terminals.values() {
