@@ -37,6 +37,11 @@
 //!   process there and then, while a terminate may still be inside its
 //!   grace period. A child that dies of a signal nobody asked for is
 //!   `killed` with no reason.
+//! - The timeout counts from the moment the core learns it is due: a tick,
+//!   a terminate or a kill at or after the deadline. An exit observed
+//!   before that keeps the earlier reason (or none): the process was
+//!   already gone when the timeout was handled, as in the mailbox order the
+//!   actor always had.
 //! - Requests after the exit was observed change nothing.
 
 use nix::sys::signal::Signal;
@@ -657,7 +662,8 @@ mod tests {
         }
 
         /// The model's view of the timeout: once due (as of `now`), it
-        /// overrides the reason, and any input settles it first.
+        /// overrides the reason; a tick, a terminate or a kill settles it
+        /// first, an exit does not.
         fn model_due(&mut self) {
             if self.ended.is_none() && self.timeout_at.is_some_and(|t| t <= self.now) {
                 self.timeout_at = None;
