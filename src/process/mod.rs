@@ -2,6 +2,7 @@
 //! process actor uses.
 
 pub mod exits;
+pub mod lifecycle;
 pub mod region;
 pub mod ring;
 pub mod sys;

@@ -8,9 +8,17 @@
 //! (no polling loops). The actor owns the process's lifecycle; the rings
 //! are shared with the pump and reader tasks behind a mutex held only for a
 //! copy.
+//!
+//! The rules of the lifecycle (which kill reason wins, who waits for the
+//! end, when SIGKILL follows SIGTERM, when a read is answered) live in the
+//! sans-IO [`crate::process::lifecycle`]; this actor feeds it inputs with
+//! the tokio clock and executes the effects it returns.
 
 use super::session::SessionMsg;
 use crate::executor::Shared;
+use crate::process::lifecycle::{
+    Effect, Ending, ExitStatus, Lifecycle, Outcome, ReadPoll, ReadStep, StreamView,
+};
 use crate::process::ring::OutputRing;
 use crate::process::{exits, sys};
 use crate::wire::types::{
@@ -30,6 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::time::Instant;
 
 /// Bytes one pump read asks for.
 const READ_CHUNK: usize = 1 << 20;
@@ -59,10 +68,10 @@ pub enum ProcessMsg {
     Kill(String),
     /// The child exited (from the wait task).
     Exited(std::process::ExitStatus),
-    /// `timeoutMs` passed.
-    TimedOut,
-    /// The grace period of a terminate passed.
-    Escalate,
+    /// A timer the lifecycle asked for fired (`timeoutMs`, the end of a
+    /// grace period, a `waitMs` of `process.start`); the lifecycle decides
+    /// what is due.
+    Tick,
     /// Test hook: panic in the handler (a crash the tests inject).
     #[doc(hidden)]
     Panic,
@@ -176,6 +185,34 @@ struct Status {
     reason: Option<String>,
 }
 
+impl Status {
+    /// The published form of a final state, ended now.
+    fn ended(o: &Outcome) -> Self {
+        Status {
+            state: match o.ending {
+                Ending::Exited => ProcState::Exited,
+                Ending::Killed => ProcState::Killed,
+                Ending::Failed => ProcState::Failed,
+            },
+            exit_code: o.exit_code,
+            exit_signal: o.exit_signal,
+            ended_at: Some(now_rfc3339()),
+            reason: o.reason.clone(),
+        }
+    }
+}
+
+/// Someone the lifecycle holds until the process ends (or a deadline).
+enum Waiter {
+    /// `process.terminate` (a reply) or a session stop (a completion).
+    Terminate {
+        reply: Option<Responder>,
+        done: Option<oneshot::Sender<()>>,
+    },
+    /// `process.start` with `waitMs`.
+    Start(Responder),
+}
+
 pub struct ProcessArgs {
     pub shared: Arc<Shared>,
     pub session: ActorRef<SessionMsg>,
@@ -201,8 +238,10 @@ pub struct ProcessData {
     stdout: Arc<StreamBuf>,
     stderr: Arc<StreamBuf>,
     stdin: Option<mpsc::Sender<StdinOp>>,
-    kill_reason: Option<String>,
-    terminate_waiters: Vec<(Option<Responder>, Option<oneshot::Sender<()>>)>,
+    /// The rules; `status` is its published form.
+    life: Lifecycle<Waiter>,
+    /// Time zero of the lifecycle's clock.
+    origin: Instant,
     read_slots: Arc<Semaphore>,
 }
 
@@ -376,7 +415,54 @@ impl ProcessData {
     }
 
     fn running(&self) -> bool {
-        self.status.borrow().state == ProcState::Running
+        self.life.is_running()
+    }
+
+    /// The lifecycle's `now`.
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+
+    /// Execute what the lifecycle decided, in order.
+    fn apply(&mut self, myself: &ActorRef<ProcessMsg>, effects: Vec<Effect<Waiter>>) {
+        for effect in effects {
+            match effect {
+                Effect::Signal(sig) => self.signal(sig),
+                Effect::KillTree => {
+                    tracing::info!(
+                        process = %self.spec.process_id,
+                        reason = self.life.reason().unwrap_or_default(),
+                        "killing the group"
+                    );
+                    self.kill_tree_now();
+                }
+                Effect::ArmTimer(at) => {
+                    let after = at.saturating_sub(self.now());
+                    myself.send_after(after, || ProcessMsg::Tick);
+                }
+                Effect::Ended(outcome) => {
+                    self.status.send_replace(Status::ended(&outcome));
+                    self.announce();
+                }
+                Effect::ReapLeftovers => self.kill_tree_now(),
+                Effect::CloseStdin => self.stdin = None,
+                Effect::Answer(waiter) => self.answer(waiter),
+            }
+        }
+    }
+
+    fn answer(&self, waiter: Waiter) {
+        match waiter {
+            Waiter::Terminate { reply, done } => {
+                if let Some(r) = reply {
+                    r.ok(&self.snapshot());
+                }
+                if let Some(d) = done {
+                    let _ = d.send(());
+                }
+            }
+            Waiter::Start(reply) => reply.ok(&self.snapshot()),
+        }
     }
 
     fn pgid(&self) -> Option<i32> {
@@ -448,8 +534,9 @@ impl Actor for ProcessActor {
             started_at: now_rfc3339(),
             message: None,
             stdin: None,
-            kill_reason: None,
-            terminate_waiters: Vec::new(),
+            // Until the spawn below succeeds.
+            life: Lifecycle::spawn_failed(),
+            origin: Instant::now(),
             read_slots: args.read_slots,
             spec: args.spec,
         };
@@ -487,20 +574,17 @@ impl Actor for ProcessActor {
                         let _ = me.send_message(ProcessMsg::Exited(status));
                     }
                 });
-                if let Some(ms) = state.spec.timeout_ms {
-                    myself.send_after(Duration::from_millis(ms), || ProcessMsg::TimedOut);
-                }
+                let timeout = state.spec.timeout_ms.map(Duration::from_millis);
+                let (life, effects) = Lifecycle::started(state.now(), timeout);
+                state.life = life;
+                state.apply(&myself, effects);
             }
             Err(message) => {
                 tracing::info!(process = %state.spec.process_id, %message, "spawn failed");
                 state.message = Some(message);
-                state.status.send_replace(Status {
-                    state: ProcState::Failed,
-                    exit_code: None,
-                    exit_signal: None,
-                    ended_at: Some(now_rfc3339()),
-                    reason: Some("spawn_failed".into()),
-                });
+                if let Some(outcome) = state.life.outcome() {
+                    state.status.send_replace(Status::ended(outcome));
+                }
                 state.stdout.close();
                 state.stderr.close();
             }
@@ -526,6 +610,14 @@ impl Actor for ProcessActor {
             let (pid, scope) = (state.pgid(), state.scope.clone());
             let _ = tokio::task::spawn_blocking(move || sys::kill_tree(pid, pid, &scope)).await;
         }
+        for waiter in state.life.abandon() {
+            match waiter {
+                Waiter::Start(reply) => reply.err(RpcError::internal("process actor stopped")),
+                // Dropped: the responder answers for itself, the session's
+                // stop stops waiting.
+                Waiter::Terminate { .. } => {}
+            }
+        }
         Ok(())
     }
 
@@ -536,21 +628,13 @@ impl Actor for ProcessActor {
         state: &mut ProcessData,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ProcessMsg::Started { reply, wait_ms } => match wait_ms.filter(|&ms| ms > 0) {
-                Some(ms) if state.running() => {
-                    let mut rx = state.status.subscribe();
-                    let me = myself.clone();
-                    tokio::spawn(async move {
-                        let wait = rx.wait_for(|s| s.state.is_final());
-                        let _ = tokio::time::timeout(Duration::from_millis(ms), wait).await;
-                        match ractor::call!(me, ProcessMsg::GetState) {
-                            Ok(s) => reply.ok(&s),
-                            Err(_) => reply.err(RpcError::internal("process actor stopped")),
-                        }
-                    });
-                }
-                _ => reply.ok(&state.snapshot()),
-            },
+            ProcessMsg::Started { reply, wait_ms } => {
+                let wait = Duration::from_millis(wait_ms.unwrap_or(0));
+                let effects = state
+                    .life
+                    .await_start(state.now(), wait, Waiter::Start(reply));
+                state.apply(&myself, effects);
+            }
             ProcessMsg::GetState(port) => {
                 let _ = port.send(state.snapshot());
             }
@@ -584,9 +668,8 @@ impl Actor for ProcessActor {
                 reply.ok(&Accepted::YES);
             }
             ProcessMsg::Interrupt(reply) => {
-                if state.running() {
-                    state.signal(Signal::SIGINT);
-                }
+                let effects = state.life.interrupt();
+                state.apply(&myself, effects);
                 reply.ok(&state.snapshot());
             }
             ProcessMsg::Terminate {
@@ -595,69 +678,25 @@ impl Actor for ProcessActor {
                 reply,
                 done,
             } => {
-                if !state.running() {
-                    if let Some(r) = reply {
-                        r.ok(&state.snapshot());
-                    }
-                    if let Some(d) = done {
-                        let _ = d.send(());
-                    }
-                    return Ok(());
-                }
-                if state.kill_reason.is_none() {
-                    state.kill_reason = Some(reason);
-                }
-                state.terminate_waiters.push((reply, done));
-                state.signal(Signal::SIGTERM);
-                myself.send_after(grace, || ProcessMsg::Escalate);
-            }
-            ProcessMsg::Panic => panic!("injected panic (test hook)"),
-            ProcessMsg::Escalate => {
-                if state.running() {
-                    state.kill_tree_now();
-                }
+                let waiter = Waiter::Terminate { reply, done };
+                let effects = state.life.terminate(state.now(), grace, reason, waiter);
+                state.apply(&myself, effects);
             }
             ProcessMsg::Kill(reason) => {
-                if state.running() {
-                    state.kill_reason.get_or_insert(reason);
-                    state.kill_tree_now();
-                }
+                let effects = state.life.kill(state.now(), reason);
+                state.apply(&myself, effects);
             }
-            ProcessMsg::TimedOut => {
-                if state.running() {
-                    tracing::info!(process = %state.spec.process_id, "timeout: killing the group");
-                    state.kill_reason = Some("timeout".into());
-                    state.kill_tree_now();
-                }
+            ProcessMsg::Panic => panic!("injected panic (test hook)"),
+            ProcessMsg::Tick => {
+                let effects = state.life.tick(state.now());
+                state.apply(&myself, effects);
             }
             ProcessMsg::Exited(status) => {
-                let (exit_code, exit_signal) = (status.code(), status.signal());
-                let killed = exit_signal.is_some() || state.kill_reason.is_some();
-                state.status.send_replace(Status {
-                    state: if killed {
-                        ProcState::Killed
-                    } else {
-                        ProcState::Exited
-                    },
-                    exit_code,
-                    exit_signal,
-                    ended_at: Some(now_rfc3339()),
-                    reason: state.kill_reason.clone(),
+                let effects = state.life.exited(ExitStatus {
+                    code: status.code(),
+                    signal: status.signal(),
                 });
-                // What the process left running dies with it (no orphans),
-                // which also closes the pipes so readers see EOF.
-                state.kill_tree_now();
-                state.stdin = None;
-                state.announce();
-                let snapshot = state.snapshot();
-                for (reply, done) in state.terminate_waiters.drain(..) {
-                    if let Some(r) = reply {
-                        r.ok(&snapshot);
-                    }
-                    if let Some(d) = done {
-                        let _ = d.send(());
-                    }
-                }
+                state.apply(&myself, effects);
             }
         }
         Ok(())
@@ -704,13 +743,14 @@ async fn read_task(
     reply: Responder,
 ) {
     let mut end_rx = buf.end.subscribe();
-    let deadline =
-        tokio::time::Instant::now() + Duration::from_millis(p.wait_ms.unwrap_or(0).min(600_000));
+    // The poll's clock starts with the task.
+    let origin = Instant::now();
+    let mut poll = ReadPoll::new(Duration::ZERO, p.wait_ms);
     let mut _slot = None;
     loop {
         let closed = buf.closed.load(Ordering::SeqCst);
         let snapshot = status.borrow_and_update().clone();
-        {
+        let (until, take_slot) = {
             // One lock: the span, the end and the earliest cursor are one
             // consistent snapshot of the ring. The answer is encoded under
             // it, straight from the ring's memory (no copy of the bytes
@@ -725,37 +765,51 @@ async fn read_task(
                 Err(e) => return reply.err(RpcError::invalid_params(e.to_string())),
             };
             let (end, earliest) = (ring.end(), ring.earliest());
-            let eof = snapshot.state.is_final() && closed && span.next == end;
-            let timed_out = tokio::time::Instant::now() >= deadline;
-            if span.next > span.from || eof || timed_out {
-                // A span across the ring's physical end is joined once.
-                let joined;
-                let data = if second.is_empty() {
-                    first
-                } else {
-                    joined = [first, second].concat();
-                    &joined[..]
-                };
-                let answer = ProcessReadResult {
-                    process_id: p.process_id,
-                    stream: p.stream,
-                    data: BlobRef(data),
-                    from_cursor: span.from,
-                    next_cursor: span.next,
-                    earliest_cursor: earliest,
-                    gap: span.gap,
-                    truncated: span.truncated,
-                    eof,
-                    state: snapshot.state,
-                    exit_code: snapshot.exit_code,
-                    exit_signal: snapshot.exit_signal,
-                    ended_at: snapshot.ended_at,
-                    reason: snapshot.reason,
-                };
-                return reply.ok_sized(&answer, data.len());
+            let view = StreamView {
+                has_bytes: span.next > span.from,
+                ended: snapshot.state.is_final(),
+                closed,
+                at_end: span.next == end,
+            };
+            match poll.decide(origin.elapsed(), view) {
+                ReadStep::Park {
+                    poll: next,
+                    until,
+                    take_slot,
+                } => {
+                    poll = next;
+                    (until, take_slot)
+                }
+                ReadStep::Answer { eof } => {
+                    // A span across the ring's physical end is joined once.
+                    let joined;
+                    let data = if second.is_empty() {
+                        first
+                    } else {
+                        joined = [first, second].concat();
+                        &joined[..]
+                    };
+                    let answer = ProcessReadResult {
+                        process_id: p.process_id,
+                        stream: p.stream,
+                        data: BlobRef(data),
+                        from_cursor: span.from,
+                        next_cursor: span.next,
+                        earliest_cursor: earliest,
+                        gap: span.gap,
+                        truncated: span.truncated,
+                        eof,
+                        state: snapshot.state,
+                        exit_code: snapshot.exit_code,
+                        exit_signal: snapshot.exit_signal,
+                        ended_at: snapshot.ended_at,
+                        reason: snapshot.reason,
+                    };
+                    return reply.ok_sized(&answer, data.len());
+                }
             }
-        }
-        if _slot.is_none() {
+        };
+        if take_slot {
             match slots.clone().try_acquire_owned() {
                 Ok(s) => _slot = Some(s),
                 Err(_) => {
@@ -768,7 +822,7 @@ async fn read_task(
         tokio::select! {
             _ = end_rx.changed() => {}
             _ = status.changed() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
+            _ = tokio::time::sleep_until(origin + until) => {}
         }
     }
 }
