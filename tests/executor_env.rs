@@ -190,8 +190,16 @@ impl Drop for Reap {
     }
 }
 
+/// Shell code that starts `sleep <arg>` in a session of its own (out of
+/// the caller's process group, orphaned at once) and returns only once it
+/// left the group: a group kill racing the `setsid` call would otherwise
+/// decide the test.
 fn detached(arg: &str) -> String {
-    format!("(setsid sleep {arg} >/dev/null 2>&1 </dev/null &)")
+    let ready = format!("ready-{arg}");
+    format!(
+        "(setsid sh -c 'touch {ready}; exec sleep {arg}' >/dev/null 2>&1 </dev/null &); \
+         until [ -e {ready} ]; do sleep 0.01; done"
+    )
 }
 
 #[tokio::test]

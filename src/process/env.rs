@@ -216,10 +216,12 @@ impl ChildEnv {
             return Err(EnvError::NoScope);
         }
         let given = |name: &str| vars.is_some_and(|v| v.contains_key(name));
+        // What the caller sets, and a PTY's TERM, replace the base's.
+        let replaced = |name: &str| given(name) || (tty == Tty::Pty && name == "TERM");
         let mut out: Vec<(String, String)> = self
             .base
             .iter()
-            .filter(|(k, _)| !given(k) && !(tty == Tty::Pty && k == "TERM"))
+            .filter(|(k, _)| !replaced(k))
             .cloned()
             .collect();
         if let Some(vars) = vars {
