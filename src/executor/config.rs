@@ -1,8 +1,9 @@
 //! Executor configuration: what `bmx executor` parses and what an embedding
 //! platform fills in.
 
+use crate::process::env::{ChildEnv, EnvError};
 use crate::supervisor::Backoff;
-use crate::wire::{Endpoint, Subprotocol};
+use crate::wire::{Endpoint, ErrorCode, RpcError, Subprotocol};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,8 +47,15 @@ pub struct ExecutorConfig {
     /// Timeout of this side's requests (register, heartbeat, results).
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
-    /// Environment variable names no tool or process ever sees.
+    /// Environment variable names no tool, process or terminal ever sees
+    /// nor may set: `NAME`, or `PREFIX*` for every name that starts so.
+    /// Every `BMX_*` variable of the executor's own environment is kept
+    /// from children whatever this says (see `process::env`); the secrets
+    /// listed by default are also refused when a caller tries to set them.
     pub deny_env: Vec<String>,
+    /// The environment children start from; `None`: the executor's own,
+    /// read at each start.
+    pub base_env: Option<Vec<(String, String)>>,
     /// Inline limit of tool output.
     pub tool_inline_limit: usize,
     /// Become the child subreaper and reap orphans (see
@@ -82,7 +90,8 @@ impl ExecutorConfig {
             subprotocols: Subprotocol::ALL.to_vec(),
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
-            deny_env: vec!["BMX_TOKEN".into(), "BMX_TOKEN_FILE".into()],
+            deny_env: DEFAULT_DENY_ENV.iter().map(|s| s.to_string()).collect(),
+            base_env: None,
             tool_inline_limit: 64 * 1024,
             subreaper: false,
             terminal_max_sessions: 32,
@@ -90,6 +99,30 @@ impl ExecutorConfig {
             terminal_window_bytes: 256 << 10,
             terminal_close_grace: Duration::from_secs(2),
         }
+    }
+}
+
+/// Denied by default: the executor's and the harness's credentials.
+pub const DEFAULT_DENY_ENV: &[&str] = &["BMX_TOKEN", "BMX_TOKEN_FILE", "BMX_API_TOKEN"];
+
+impl ExecutorConfig {
+    /// The environment policy of every child (processes, terminals, tools).
+    pub fn child_env(&self) -> ChildEnv {
+        match &self.base_env {
+            Some(base) => ChildEnv::new(base.iter().cloned(), &self.deny_env),
+            None => ChildEnv::from_process(&self.deny_env),
+        }
+    }
+}
+
+/// How the executor answers a request whose variables the policy refused:
+/// -32003 `denied_env` for a name that is not the caller's to set, -32602
+/// (`invalid_env`) for malformed or oversized variables.
+pub fn env_refusal(e: &EnvError) -> RpcError {
+    if e.is_denied() {
+        RpcError::new(ErrorCode::Forbidden, e.to_string()).with_reason(e.reason())
+    } else {
+        RpcError::new(ErrorCode::InvalidParams, e.to_string()).with_reason(e.reason())
     }
 }
 

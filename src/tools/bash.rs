@@ -19,8 +19,12 @@
 //! * **stderr survives.** stderr has its own budget (a quarter of the inline
 //!   limit, more when stdout is short), so a flood of stdout can never push
 //!   the error message at the end of stderr out of the result.
-//! * **Secrets stay out.** Variables named in `ctx.deny_env` are removed
-//!   from the child's environment and may not be set through `env`.
+//! * **One environment policy.** The child's environment is built by
+//!   `ctx.env` ([`crate::process::env`]), as for processes and terminals:
+//!   no `BMX_*` secret and no denied name reaches it or may be set through
+//!   `env`, and it always carries the call's scope tag (`ctx.scope`), so a
+//!   descendant that left the group with `setsid` is still killed on
+//!   timeout, on cancel and when the session ends.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -32,6 +36,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::process::env::{EnvError, Tty};
 use crate::process::sys;
 use serde::Deserialize;
 use serde_json::Value;
@@ -133,7 +138,8 @@ fn spill_stem(tool_call_id: &str) -> String {
     }
 }
 
-fn validate(ctx: &ToolContext, input: &BashInput) -> Result<(), ToolOutput> {
+/// Check the input; the child's whole environment when it is acceptable.
+fn validate(ctx: &ToolContext, input: &BashInput) -> Result<Vec<(String, String)>, ToolOutput> {
     if input.command.contains('\0') {
         return Err(ToolOutput::invalid_input(
             "invalid input for bash: field `command` must not contain NUL bytes",
@@ -144,46 +150,23 @@ fn validate(ctx: &ToolContext, input: &BashInput) -> Result<(), ToolOutput> {
             "invalid input for bash: field `timeoutMs` must be positive",
         ));
     }
-    let Some(env) = &input.env else {
-        return Ok(());
-    };
-    let denied: Vec<&str> = env
-        .keys()
-        .filter(|name| ctx.deny_env.iter().any(|d| d == *name))
-        .map(String::as_str)
-        .collect();
-    if !denied.is_empty() {
-        return Err(ToolOutput::failure(
-            reason::DENIED_ENV,
-            format!(
-                "environment variable(s) {} may not be set by tool calls",
-                denied
-                    .iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+    ctx.env
+        .build(input.env.as_ref(), Tty::No, &ctx.scope)
+        .map_err(|e| match e {
+            e if e.is_denied() => ToolOutput::failure(
+                reason::DENIED_ENV,
+                format!("{e}: it may not be set by tool calls"),
             ),
-        ));
-    }
-    for (name, value) in env {
-        if name.is_empty() || name.contains(['=', '\0']) {
-            return Err(ToolOutput::invalid_input(format!(
-                "invalid input for bash: field `env`: invalid variable name {name:?}"
-            )));
-        }
-        if value.contains('\0') {
-            return Err(ToolOutput::invalid_input(format!(
-                "invalid input for bash: field `env`: value of `{name}` contains a NUL byte"
-            )));
-        }
-    }
-    Ok(())
+            EnvError::NoScope => ToolOutput::failure(reason::INTERNAL_ERROR, e.to_string()),
+            e => ToolOutput::invalid_input(format!("invalid input for bash: field `env`: {e}")),
+        })
 }
 
 async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
-    if let Err(out) = validate(ctx, &input) {
-        return out;
-    }
+    let env = match validate(ctx, &input) {
+        Ok(env) => env,
+        Err(out) => return out,
+    };
     let cwd = match boundary::resolve(&ctx.workspace, input.cwd.as_deref().unwrap_or("")) {
         Ok(cwd) => cwd,
         Err(err) => return err.into(),
@@ -219,14 +202,10 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .env_clear()
+        .envs(env)
         .process_group(0)
         .kill_on_drop(true);
-    for name in ctx.deny_env.iter() {
-        command.env_remove(name);
-    }
-    if let Some(env) = &input.env {
-        command.envs(env);
-    }
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
@@ -293,9 +272,11 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             Some(*status)
         }
         End::Exited(Err(_)) | End::TimedOut | End::Canceled => {
-            if let Some(pid) = pid {
-                kill_tree(pid);
-            }
+            // The tree, the group, and by their tag whatever left both
+            // (`setsid`, then re-parented away): the call owns all of it.
+            let root = pid.and_then(|p| i32::try_from(p).ok());
+            let scope = ctx.scope.clone();
+            let _ = tokio::task::spawn_blocking(move || sys::kill_tree(root, root, &scope)).await;
             let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
             guard.pid = None;
             None
@@ -606,6 +587,7 @@ pub fn kill_tree(pid: u32) {
 mod tests {
     use super::super::Outcome;
     use super::*;
+    use crate::process::env::ChildEnv;
     use serde_json::json;
     use std::os::unix::process::CommandExt;
     use std::time::Instant as StdInstant;
@@ -700,7 +682,10 @@ mod tests {
     async fn denied_env_is_refused_and_removed() {
         let (_d, ws) = setup();
         let mut ctx = ToolContext::new(&ws, "c");
-        ctx.deny_env = Arc::from(vec!["SECRET_TOKEN".to_string(), "HOME".to_string()]);
+        ctx.env = Arc::new(ChildEnv::from_process(&[
+            "SECRET_TOKEN".to_string(),
+            "HOME".to_string(),
+        ]));
         let out = BashTool
             .run(
                 ctx.clone(),
@@ -713,6 +698,58 @@ mod tests {
             .run(ctx, json!({"command": "echo \"home=${HOME-unset}\""}))
             .await;
         assert!(out.text.contains("home=unset"), "{}", out.text);
+    }
+
+    #[tokio::test]
+    async fn the_child_environment_follows_the_policy() {
+        let (_d, ws) = setup();
+        let mut ctx = ToolContext::new(&ws, "c");
+        ctx.scope = "test-scope/s/tool-c/".into();
+        let out = BashTool
+            .run(
+                ctx.clone(),
+                json!({"command": "echo \"[$BMX_SCOPE][$GIVEN]\"", "env": {"GIVEN": "g"}}),
+            )
+            .await;
+        assert!(
+            out.text.contains("[test-scope/s/tool-c/][g]"),
+            "{}",
+            out.text
+        );
+        for (env, reason) in [
+            (json!({"BMX_SCOPE": "elsewhere"}), reason::DENIED_ENV),
+            (json!({"": "x"}), reason::INVALID_INPUT),
+            (json!({"A": "x\u{0}y"}), reason::INVALID_INPUT),
+        ] {
+            let out = BashTool
+                .run(ctx.clone(), json!({"command": "true", "env": env}))
+                .await;
+            assert_eq!(out.reason.as_deref(), Some(reason), "{env}: {}", out.text);
+        }
+    }
+
+    /// An escapee whose parent is gone is found by its tag alone.
+    #[tokio::test]
+    async fn timeout_kills_an_orphaned_setsid_escapee() {
+        let (_d, ws) = setup();
+        let out = bash(
+            &ws,
+            json!({"command": "(setsid sleep 302.77 >/dev/null 2>&1 </dev/null &); sleep 302.88", "timeoutMs": 500}),
+        )
+        .await;
+        assert_eq!(out.reason.as_deref(), Some(reason::TIMEOUT), "{}", out.text);
+        let gone = wait_for(
+            || live_with_args(&["sleep", "302.77"]).is_empty(),
+            Duration::from_secs(5),
+        )
+        .await;
+        for pid in live_with_args(&["sleep", "302.77"]) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(gone, "the escapee outlived its call");
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::process::env::ChildEnv;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -80,8 +81,13 @@ pub struct ToolContext {
     pub tool_call_id: String,
     /// Fires when the client cancels the call.
     pub cancel: CancellationToken,
-    /// Environment variable names `bash` removes from the child and refuses to set.
-    pub deny_env: Arc<[String]>,
+    /// The environment policy of the processes the call starts (`bash`):
+    /// what they inherit, which names they may not be given.
+    pub env: Arc<ChildEnv>,
+    /// The scope tag (`BMX_SCOPE`) of the processes the call starts: under
+    /// its session's scope in the executor, so whatever escapes the call's
+    /// process group still dies with the session.
+    pub scope: String,
     /// Where long-running tools send progress lines; `None` disables progress.
     pub progress: Option<tokio::sync::mpsc::UnboundedSender<String>>,
     /// Bytes of output kept inline in the result; the rest is cut.
@@ -91,14 +97,21 @@ pub struct ToolContext {
 }
 
 impl ToolContext {
-    /// A context with the protocol defaults: no denied variables, no progress
-    /// channel, [`DEFAULT_INLINE_LIMIT`] and [`DEFAULT_PROGRESS_INTERVAL`].
+    /// A context with the protocol defaults: this process's environment
+    /// (minus `BMX_*`, as for every child) and no deny list, a scope of its
+    /// own (`local-<pid>/tool-<uuid>/`), no progress channel,
+    /// [`DEFAULT_INLINE_LIMIT`] and [`DEFAULT_PROGRESS_INTERVAL`].
     pub fn new(workspace: impl Into<PathBuf>, tool_call_id: impl Into<String>) -> Self {
         Self {
             workspace: workspace.into(),
             tool_call_id: tool_call_id.into(),
             cancel: CancellationToken::new(),
-            deny_env: Arc::from(Vec::<String>::new()),
+            env: Arc::new(ChildEnv::from_process(&[])),
+            scope: format!(
+                "local-{}/tool-{}/",
+                std::process::id(),
+                uuid::Uuid::new_v4().simple()
+            ),
             progress: None,
             inline_limit: DEFAULT_INLINE_LIMIT,
             progress_interval: DEFAULT_PROGRESS_INTERVAL,

@@ -15,10 +15,12 @@
 //! the tokio clock and executes the effects it returns.
 
 use super::session::SessionMsg;
+use crate::executor::config::env_refusal;
 use crate::executor::Shared;
 use crate::process::lifecycle::{
     Effect, Ending, ExitStatus, Lifecycle, Outcome, ReadPoll, ReadStep, StreamView,
 };
+use crate::process::env::Tty;
 use crate::process::ring::OutputRing;
 use crate::process::{exits, sys};
 use crate::wire::types::{
@@ -261,7 +263,11 @@ pub fn check_spec(
     spec: &ProcessStartParams,
 ) -> Result<(), RpcError> {
     resolve_cwd(workspace, spec.cwd.as_deref())?;
-    build_env(shared, spec, "").map(|_| ())
+    shared
+        .config
+        .child_env()
+        .check(spec.env.as_ref())
+        .map_err(|e| env_refusal(&e))
 }
 
 fn resolve_cwd(workspace: &std::path::Path, cwd: Option<&str>) -> Result<PathBuf, RpcError> {
@@ -274,40 +280,23 @@ fn resolve_cwd(workspace: &std::path::Path, cwd: Option<&str>) -> Result<PathBuf
     }
 }
 
-/// The child's environment: the executor's, minus denied names, plus the
-/// spec's, plus the scope tag.
+/// The child's environment, by the executor's one policy
+/// (`process::env`): the executor's minus `BMX_*` and denied names, plus
+/// the spec's, `TERM` for a PTY, and the scope tag.
 fn build_env(
     shared: &Shared,
     spec: &ProcessStartParams,
     scope: &str,
 ) -> Result<Vec<(String, String)>, RpcError> {
-    let deny = &shared.config.deny_env;
-    if let Some(env) = &spec.env {
-        if let Some(bad) = env
-            .keys()
-            .find(|k| deny.contains(k) || k.as_str() == sys::SCOPE_ENV)
-        {
-            return Err(RpcError::new(
-                crate::wire::ErrorCode::Forbidden,
-                format!("environment variable {bad:?} is denied"),
-            )
-            .with_reason("denied_env"));
-        }
-    }
-    let mut vars: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| !deny.contains(k) && k != sys::SCOPE_ENV)
-        .collect();
-    if let Some(env) = &spec.env {
-        for (k, v) in env {
-            vars.retain(|(kk, _)| kk != k);
-            vars.push((k.clone(), v.clone()));
-        }
-    }
-    if spec.io_mode == IoMode::Pty && !vars.iter().any(|(k, _)| k == "TERM") {
-        vars.push(("TERM".into(), "xterm-256color".into()));
-    }
-    vars.push((sys::SCOPE_ENV.into(), scope.to_owned()));
-    Ok(vars)
+    let tty = match spec.io_mode {
+        IoMode::Pty => Tty::Pty,
+        IoMode::Pipe => Tty::No,
+    };
+    shared
+        .config
+        .child_env()
+        .build(spec.env.as_ref(), tty, scope)
+        .map_err(|e| env_refusal(&e))
 }
 
 fn spawn(

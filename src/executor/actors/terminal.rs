@@ -17,14 +17,16 @@ pub mod pty;
 pub mod stream;
 
 use super::terminals::TerminalsMsg;
+use crate::executor::config::env_refusal;
 use crate::executor::Shared;
+use crate::process::env::{EnvError, Tty};
 use crate::process::sys;
 use crate::wire::types::{
     now_rfc3339, Accepted, TerminalAttachParams, TerminalAttachResult, TerminalCloseParams,
     TerminalCloseResult, TerminalExitedParams, TerminalInputParams, TerminalOpenParams,
     TerminalOpenResult, TerminalResizeParams,
 };
-use crate::wire::{ErrorCode, Link, Method, Responder, RpcError};
+use crate::wire::{Link, Method, Responder, RpcError};
 use bytes::Bytes;
 use nix::sys::signal::Signal;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -155,19 +157,11 @@ pub fn validate(shared: &Shared, spec: &TerminalOpenParams) -> Result<(), RpcErr
     {
         return Err(RpcError::invalid_params("argv contains a NUL byte"));
     }
-    if let Some(env) = &spec.env {
-        let deny = &shared.config.deny_env;
-        if let Some(bad) = env
-            .keys()
-            .find(|k| deny.contains(k) || k.as_str() == sys::SCOPE_ENV)
-        {
-            return Err(RpcError::new(
-                ErrorCode::Forbidden,
-                format!("environment variable {bad:?} is denied"),
-            )
-            .with_reason("denied_env"));
-        }
-    }
+    shared
+        .config
+        .child_env()
+        .check(spec.env.as_ref())
+        .map_err(|e| env_refusal(&e))?;
     let cwd = cwd(shared, spec);
     if !cwd.is_dir() {
         return Err(RpcError::invalid_params(format!(
@@ -190,23 +184,19 @@ fn cwd(shared: &Shared, spec: &TerminalOpenParams) -> PathBuf {
     }
 }
 
-/// The executor's environment minus denied names, plus the spec's, plus
-/// `TERM` (unless set) and the scope tag that finds the tree later.
-fn env(shared: &Shared, spec: &TerminalOpenParams, scope: &str) -> Vec<(String, String)> {
-    let deny = &shared.config.deny_env;
-    let mut vars: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| !deny.contains(k) && k != sys::SCOPE_ENV)
-        .collect();
-    for (k, v) in spec.env.iter().flatten() {
-        vars.retain(|(kk, _)| kk != k);
-        vars.push((k.clone(), v.clone()));
-    }
-    if !spec.env.as_ref().is_some_and(|e| e.contains_key("TERM")) {
-        vars.retain(|(k, _)| k != "TERM");
-        vars.push(("TERM".into(), "xterm-256color".into()));
-    }
-    vars.push((sys::SCOPE_ENV.into(), scope.to_owned()));
-    vars
+/// The child's environment, by the executor's one policy
+/// (`process::env`): the executor's minus `BMX_*` and denied names, plus the
+/// spec's, `TERM` for the PTY unless set, and the scope tag that finds the
+/// tree later.
+fn env(
+    shared: &Shared,
+    spec: &TerminalOpenParams,
+    scope: &str,
+) -> Result<Vec<(String, String)>, EnvError> {
+    shared
+        .config
+        .child_env()
+        .build(spec.env.as_ref(), Tty::Pty, scope)
 }
 
 impl TerminalState {
@@ -479,7 +469,7 @@ impl Actor for TerminalActor {
         let spawned = pty::spawn(
             &argv,
             &cwd(&args.shared, spec),
-            env(&args.shared, spec, &args.scope),
+            env(&args.shared, spec, &args.scope)?,
             cols,
             rows,
         )

@@ -4,7 +4,7 @@
 //! reconnect), so a result outlives the actor that produced it; a crash of
 //! this actor is answered by the session with an error result.
 
-use super::session::SessionMsg;
+use super::session::{safe_name, session_scope, SessionMsg};
 use crate::executor::Shared;
 use crate::tools::{Outcome as ToolOutcome, ToolContext, ToolOutput};
 use crate::wire::types::{
@@ -54,6 +54,18 @@ fn to_wire(outcome: ToolOutcome) -> Outcome {
     }
 }
 
+/// The `BMX_SCOPE` of a tool call's processes: under its session's scope,
+/// so the session's end kills whatever a call left running, even outside
+/// its process group. The trailing `/` keeps one call's scope from being a
+/// prefix of another's (`tool-a/` is not a prefix of `tool-ab/`).
+pub fn tool_scope(instance: &str, session_id: &str, tool_call_id: &str) -> String {
+    format!(
+        "{}tool-{}/",
+        session_scope(instance, session_id),
+        safe_name(tool_call_id)
+    )
+}
+
 impl Actor for ToolActor {
     type Msg = ToolMsg;
     type State = ToolState;
@@ -69,7 +81,8 @@ impl Actor for ToolActor {
         let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let mut ctx = ToolContext::new(args.workspace, p.tool_call_id.clone());
         ctx.cancel = cancel.clone();
-        ctx.deny_env = args.shared.config.deny_env.clone().into();
+        ctx.env = Arc::new(args.shared.config.child_env());
+        ctx.scope = tool_scope(&args.shared.instance, &p.session_id, &p.tool_call_id);
         ctx.progress = Some(progress_tx);
         ctx.inline_limit = args.shared.config.tool_inline_limit;
         let (shared, session_id, call_id) = (
@@ -182,5 +195,20 @@ impl Actor for ToolActor {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_scope_lies_under_its_session_and_no_call_prefixes_another() {
+        let a = tool_scope("inst", "s", "a");
+        assert!(a.starts_with(&session_scope("inst", "s")), "{a}");
+        assert!(!tool_scope("inst", "s", "ab").starts_with(&a));
+        let hostile = tool_scope("inst", "s", "../x\n");
+        assert!(!hostile.contains(['\n', '\0']), "{hostile}");
+        assert_eq!(hostile.matches('/').count(), a.matches('/').count());
     }
 }
