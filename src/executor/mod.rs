@@ -16,6 +16,7 @@ pub mod actors;
 pub mod config;
 pub mod outbox;
 pub mod runtime;
+pub mod stop;
 
 pub use config::{ExecutorConfig, TokenSource};
 pub use runtime::Shared;
@@ -59,13 +60,18 @@ impl ExecutorExit {
             SupervisorExit::ChildExited {
                 exit: Exit::Shutdown(why),
                 ..
-            } => match why.as_str() {
-                "replaced" => ExecutorExit::Replaced,
-                "unauthorized" | "credential_rejected" | "registration_refused" => {
-                    ExecutorExit::Refused(why)
+            } => match stop::FinalStop::parse(&why) {
+                Some(stop::FinalStop::Replaced) => ExecutorExit::Replaced,
+                Some(
+                    f @ (stop::FinalStop::Unauthorized
+                    | stop::FinalStop::CredentialRejected
+                    | stop::FinalStop::RegistrationRefused),
+                ) => ExecutorExit::Refused(f.as_str().to_owned()),
+                Some(stop::FinalStop::Drained | stop::FinalStop::Requested) => {
+                    ExecutorExit::Stopped
                 }
-                "drained" | "" => ExecutorExit::Stopped,
-                _ => ExecutorExit::Failed(why),
+                Some(f @ stop::FinalStop::BadUrl) => ExecutorExit::Failed(f.as_str().to_owned()),
+                None => ExecutorExit::Failed(why),
             },
             SupervisorExit::ChildExited { child, exit } => {
                 ExecutorExit::Failed(format!("{child}: {exit:?}"))

@@ -143,7 +143,7 @@ fn read_file(
             Err(err) => return io_failure(&shown, &err),
         }
         number += 1;
-        if number % 4096 == 0 && cancel.is_cancelled() {
+        if number.is_multiple_of(4096) && cancel.is_cancelled() {
             return ToolOutput::canceled("canceled");
         }
         if number < first {

@@ -11,6 +11,7 @@
 use super::router::ExecutorRouter;
 use super::sessions::SessionsMsg;
 use crate::executor::runtime::Registration;
+use crate::executor::stop::{self, FinalStop};
 use crate::executor::Shared;
 use crate::wire::link::Reader;
 use crate::wire::transport::{self, DialError};
@@ -53,16 +54,6 @@ pub struct ConnState {
     draining: bool,
 }
 
-/// A final stop reason for a close code that forbids reconnecting.
-fn final_reason(code: Option<CloseCode>) -> Option<&'static str> {
-    match code? {
-        CloseCode::Replaced => Some("shutdown:replaced"),
-        CloseCode::CredentialRejected => Some("shutdown:credential_rejected"),
-        CloseCode::RegistrationRefused => Some("shutdown:registration_refused"),
-        _ => None,
-    }
-}
-
 impl Connection {
     async fn connect(
         myself: &ActorRef<ConnMsg>,
@@ -83,8 +74,11 @@ impl Connection {
         )
         .await
         .map_err(|e| match e {
-            DialError::Unauthorized => "shutdown:unauthorized".to_owned(),
-            DialError::BadUrl(u) => format!("shutdown:bad_url {u}"),
+            DialError::Unauthorized => FinalStop::Unauthorized.reason(),
+            DialError::BadUrl(u) => {
+                tracing::error!(url = %u, "the harness URL cannot be dialled");
+                FinalStop::BadUrl.reason()
+            }
             other => other.to_string(),
         })?;
         let subprotocol = transport.subprotocol;
@@ -125,8 +119,8 @@ impl Connection {
             r = register => r,
             closed = &mut closed_rx => {
                 let closed = closed.unwrap_or(Closed { code: None, reason: "reader ended".into(), by_peer: false });
-                if let Some(reason) = final_reason(closed.code) {
-                    return Err(reason.to_owned());
+                if let Some(f) = FinalStop::from_close(closed.code) {
+                    return Err(f.reason());
                 }
                 return Err(format!("closed during register: {:?} {}", closed.code, closed.reason));
             }
@@ -134,14 +128,14 @@ impl Connection {
         let result = match result {
             Ok(r) => r,
             Err(CallError::Rpc(e)) if e.kind() == Some(ErrorCode::Unauthorized) => {
-                return Err("shutdown:unauthorized".into())
+                return Err(FinalStop::Unauthorized.reason())
             }
             Err(e) => {
                 link.close(CloseCode::ProtocolViolation, "register failed");
                 // A close that arrived with the failure decides finality.
                 if let Ok(closed) = closed_rx.try_recv() {
-                    if let Some(reason) = final_reason(closed.code) {
-                        return Err(reason.to_owned());
+                    if let Some(f) = FinalStop::from_close(closed.code) {
+                        return Err(f.reason());
                     }
                 }
                 return Err(format!("register failed: {e}"));
@@ -306,13 +300,13 @@ impl Actor for Connection {
             ConnMsg::HeartbeatFailed(e) => {
                 tracing::warn!(error = %e, "heartbeat unanswered: connection lost");
                 state.link.close(CloseCode::GoingAway, "heartbeat timeout");
-                myself.stop(Some("lost: heartbeat timeout".into()));
+                myself.stop(Some(stop::lost("heartbeat timeout")));
             }
             ConnMsg::Lost(closed) => {
                 tracing::warn!(code = ?closed.code, reason = %closed.reason, "connection lost");
-                let reason = match final_reason(closed.code) {
-                    Some(r) => r.to_owned(),
-                    None => format!("lost: {:?} {}", closed.code, closed.reason),
+                let reason = match FinalStop::from_close(closed.code) {
+                    Some(f) => f.reason(),
+                    None => stop::lost(format_args!("{:?} {}", closed.code, closed.reason)),
                 };
                 myself.stop(Some(reason));
             }
@@ -327,7 +321,7 @@ impl Actor for Connection {
             }
             ConnMsg::Drained => {
                 tracing::info!("drain complete");
-                myself.stop(Some("shutdown:drained".into()));
+                myself.stop(Some(FinalStop::Drained.reason()));
             }
         }
         Ok(())

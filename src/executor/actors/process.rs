@@ -17,10 +17,10 @@
 use super::session::SessionMsg;
 use crate::executor::config::env_refusal;
 use crate::executor::Shared;
+use crate::process::env::Tty;
 use crate::process::lifecycle::{
     Effect, Ending, ExitStatus, Lifecycle, Outcome, ReadPoll, ReadStep, StreamView,
 };
-use crate::process::env::Tty;
 use crate::process::ring::OutputRing;
 use crate::process::{exits, sys};
 use crate::wire::types::{

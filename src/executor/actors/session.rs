@@ -167,6 +167,12 @@ pub fn session_scope(instance: &str, session_id: &str) -> String {
     format!("{instance}/{}/", safe_name(session_id))
 }
 
+/// The `BMX_SCOPE` of one process of a session. Scopes are matched by
+/// prefix: the trailing `/` keeps process `p` from matching `p2`.
+pub fn process_scope(session_scope: &str, process_id: &str) -> String {
+    format!("{session_scope}{}/", safe_name(process_id))
+}
+
 /// Spec equality for idempotent starts: everything but `waitMs` (which is
 /// about the call, not the process).
 fn same_spec(a: &ProcessStartParams, b: &ProcessStartParams) -> bool {
@@ -223,7 +229,7 @@ impl SessionState {
                 self.shared
                     .processes
                     .remove(&crate::executor::runtime::process_key(&self.id, &pid));
-                let scope = format!("{}{}", self.scope, safe_name(&pid));
+                let scope = process_scope(&self.scope, &pid);
                 tokio::task::spawn_blocking(move || {
                     crate::process::sys::kill_tree(None, None, &scope)
                 });
@@ -343,7 +349,7 @@ impl Session {
             session: myself.clone(),
             session_id: state.id.clone(),
             workspace: state.workspace.clone(),
-            scope: format!("{}{}", state.scope, safe_name(&spec.process_id)),
+            scope: process_scope(&state.scope, &spec.process_id),
             spec: spec.clone(),
             read_slots: state.read_slots.clone(),
         };

@@ -321,7 +321,7 @@ impl ConnState {
             }
             Method::ExecutorClose => {
                 if let Some(p) = decode_params::<CloseParams>(&frame, &mut reply) {
-                    tracing::info!(reason = %p.reason, "executor.close");
+                    tracing::info!(reason = %p.reason, "the executor said it closes (executor.close)");
                 }
             }
             Method::TerminalExited => {

@@ -1,6 +1,7 @@
 //! The OpenAPI 3 document served at `GET /v1/openapi.json`, written by hand
 //! (it lists every route of `harness::http`; a test checks that).
 
+use crate::wire::Method;
 use serde_json::{json, Value};
 
 fn err(desc: &str) -> Value {
@@ -226,7 +227,7 @@ fn base() -> Value {
           "delete": {"summary": "Stop a session: session.stop, answer when session.ended arrives or the deadline passes", "responses": session_errors(json!({"200": ok("the ended session", "Session")}))}},
         "/v1/sessions/{id}/processes": {
           "parameters": [sid()],
-          "get": {"summary": "process.list", "responses": session_errors(json!({"200": ok("processes", "Processes")}))},
+          "get": {"summary": Method::ProcessList.as_str(), "responses": session_errors(json!({"200": ok("processes", "Processes")}))},
           "post": {"summary": "process.start (params without sessionId)", "requestBody": body("ProcessStart", true), "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
         "/v1/sessions/{id}/processes/{pid}/output": {
           "parameters": [sid(), pid(),
@@ -237,7 +238,7 @@ fn base() -> Value {
           "get": {"summary": "process.read (data in base64)", "responses": session_errors(json!({"200": ok("read result", "ProcessRead")}))}},
         "/v1/sessions/{id}/processes/{pid}/stdin": {
           "parameters": [sid(), pid()],
-          "post": {"summary": "process.write", "requestBody": body("Stdin", true), "responses": session_errors(json!({"200": ok("accepted", "Accepted"), "413": err("too large (-32013)")}))}},
+          "post": {"summary": Method::ProcessWrite.as_str(), "requestBody": body("Stdin", true), "responses": session_errors(json!({"200": ok("accepted", "Accepted"), "413": err("too large (-32013)")}))}},
         "/v1/sessions/{id}/processes/{pid}/interrupt": {
           "parameters": [sid(), pid()],
           "post": {"summary": "process.interrupt (SIGINT to the group)", "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
