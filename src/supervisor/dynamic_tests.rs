@@ -277,3 +277,34 @@ async fn temporary_specs_start_actors_from_their_arguments() {
     assert_eq!(log.starts_of("w"), 1);
     owner.stop(None);
 }
+
+/// On tokio's paused clock: a ten-minute backoff is honoured to the
+/// millisecond without the test waiting ten minutes.
+#[tokio::test(start_paused = true)]
+async fn a_restart_waits_for_its_backoff_on_the_paused_clock() {
+    let (owner, sup, heard) = setup(DynamicSpec::new("t")).await;
+    let log = Log::default();
+    let ten_minutes = Duration::from_secs(600);
+    let backoff = Backoff {
+        min: ten_minutes,
+        max: ten_minutes,
+    };
+    // With `random` in [0, 1] the delay lies in [5, 10] minutes.
+    let a: ActorRef<WorkerMsg> =
+        start_actor(&sup, worker("a", Restart::Transient, &log).backoff(backoff))
+            .await
+            .unwrap();
+    a.send_message(WorkerMsg::Fail).unwrap();
+    eventually(|| heard.exits().len() == 1).await;
+    assert!(heard.exits()[0].restarting);
+    tokio::time::sleep(Duration::from_secs(299)).await;
+    assert_eq!(
+        log.starts_of("a"),
+        1,
+        "not before the backoff's lower bound"
+    );
+    tokio::time::sleep(Duration::from_secs(302)).await;
+    eventually(|| log.starts_of("a") == 2).await;
+    assert_eq!(heard.restarts.lock().unwrap().as_slice(), ["a".to_owned()]);
+    owner.stop(None);
+}
