@@ -17,14 +17,12 @@
 //! kind of child, and a child's crash is a message the owner handles like
 //! any other, in its mailbox order.
 
-use super::actor::{stop_child, ChildSpec};
-use super::policy::{Exit, Intensity, RestartWindow};
-use ractor::{
-    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
-};
-use std::collections::HashMap;
+use super::actor::ChildSpec;
+use super::children::{Children, Decision};
+use super::policy::{Exit, Intensity};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How a child ended, as the owner learns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,25 +121,10 @@ pub enum DynamicMsg {
     Restart { id: String, generation: u64 },
 }
 
-struct Child {
-    spec: ChildSpec,
-    cell: Option<ActorCell>,
-    /// Consecutive restarts without a successful start (for the backoff).
-    attempts: u32,
-    budget: Option<RestartWindow>,
-    /// Bumped whenever a restart is scheduled, so a stale result is ignored.
-    generation: u64,
-}
-
 pub struct DynamicState {
-    name: String,
-    window: Option<RestartWindow>,
-    max_children: Option<usize>,
+    children: Children,
     on_exit: Option<OnExit>,
     on_restart: Option<OnRestart>,
-    children: HashMap<String, Child>,
-    by_actor: HashMap<ActorId, String>,
-    origin: Instant,
 }
 
 /// The dynamic supervisor actor.
@@ -193,126 +176,63 @@ pub async fn shutdown(sup: &ActorRef<DynamicMsg>, timeout: Duration) {
 }
 
 impl DynamicState {
-    fn now(&self) -> Duration {
-        self.origin.elapsed()
-    }
-
     fn report(&self, exit: ChildExit) {
         if let Some(f) = &self.on_exit {
             f(exit);
         }
     }
 
-    fn live(&self) -> usize {
-        self.children.len()
-    }
-
-    /// Stop every child concurrently, each within its own timeout.
-    async fn stop_all(&mut self) {
-        self.by_actor.clear();
-        let stops = self.children.drain().filter_map(|(_, c)| {
-            let timeout = c.spec.shutdown;
-            c.cell
-                .map(|cell| async move { stop_child(&cell, timeout).await })
-        });
-        futures_util::future::join_all(stops).await;
-    }
-}
-
-impl DynamicSupervisor {
-    async fn child_exited(
-        &self,
+    /// Carry out what [`Children`] decided about an exit.
+    async fn decide(
+        &mut self,
         myself: &ActorRef<DynamicMsg>,
-        state: &mut DynamicState,
-        id: String,
-        exit: Exit,
+        decision: Decision,
     ) -> Result<(), ActorProcessingErr> {
-        let now = state.now();
-        let Some(child) = state.children.get_mut(&id) else {
-            return Ok(());
-        };
-        child.cell = None;
-        if !child.spec.restart.restarts_after(&exit) {
-            tracing::debug!(supervisor = %state.name, child = %id, ?exit, "child ended");
-            state.children.remove(&id);
-            state.report(ChildExit {
-                id,
+        match decision {
+            Decision::Gone(exit) => self.report(exit),
+            Decision::Restart {
                 exit,
-                restarting: false,
-            });
-            return Ok(());
-        }
-        let within_budget = child.budget.as_mut().is_none_or(|b| b.allow(now));
-        if !within_budget {
-            tracing::warn!(supervisor = %state.name, child = %id, ?exit, "restart budget exhausted; giving up on the child");
-            state.children.remove(&id);
-            state.report(ChildExit {
-                id,
-                exit,
-                restarting: false,
-            });
-            return Ok(());
-        }
-        if let Some(window) = state.window.as_mut() {
-            if !window.allow(now) {
-                tracing::error!(supervisor = %state.name, child = %id, "restart intensity exceeded; shutting down");
-                state.report(ChildExit {
-                    id,
-                    exit,
-                    restarting: false,
-                });
-                state.stop_all().await;
-                return Err(format!("{}: restart intensity exceeded", state.name).into());
+                delay,
+                generation,
+            } => {
+                let id = exit.id.clone();
+                self.report(exit);
+                if delay.is_zero() {
+                    self.restart(myself, id, generation);
+                } else {
+                    myself.send_after(delay, move || DynamicMsg::Restart { id, generation });
+                }
             }
-        }
-        let Some(child) = state.children.get_mut(&id) else {
-            return Ok(());
-        };
-        let delay = child
-            .spec
-            .backoff
-            .delay(child.attempts, rand::random::<f64>());
-        child.attempts = child.attempts.saturating_add(1);
-        child.generation += 1;
-        let generation = child.generation;
-        tracing::info!(supervisor = %state.name, child = %id, ?exit, ?delay, "restarting");
-        state.report(ChildExit {
-            id: id.clone(),
-            exit,
-            restarting: true,
-        });
-        if delay.is_zero() {
-            restart(myself, state, id, generation);
-        } else {
-            myself.send_after(delay, move || DynamicMsg::Restart { id, generation });
+            Decision::Meltdown(exit) => {
+                self.report(exit);
+                self.children.stop_all().await;
+                return Err(format!("{}: restart intensity exceeded", self.children.name()).into());
+            }
         }
         Ok(())
     }
-}
 
-/// Run a restart attempt off the supervisor's mailbox, so a slow start does
-/// not hold up the other children's events.
-fn restart(myself: &ActorRef<DynamicMsg>, state: &DynamicState, id: String, generation: u64) {
-    let Some(child) = state.children.get(&id) else {
-        return;
-    };
-    if child.generation != generation || child.cell.is_some() {
-        return;
-    }
-    let (me, start, cell) = (myself.clone(), child.spec.start.clone(), myself.get_cell());
-    tokio::spawn(async move {
-        let result = start(cell).await;
-        if let Err(ractor::MessagingErr::SendErr(DynamicMsg::Restarted { result: Ok(c), .. })) = me
-            .send_message(DynamicMsg::Restarted {
+    /// Run a restart attempt off the mailbox, so a slow start does not hold
+    /// up the other children's events.
+    fn restart(&self, myself: &ActorRef<DynamicMsg>, id: String, generation: u64) {
+        let Some(start) = self.children.restart_fn(&id, generation) else {
+            return;
+        };
+        let (me, cell) = (myself.clone(), myself.get_cell());
+        tokio::spawn(async move {
+            let result = start(cell).await;
+            if let Err(ractor::MessagingErr::SendErr(DynamicMsg::Restarted {
+                result: Ok(c), ..
+            })) = me.send_message(DynamicMsg::Restarted {
                 id,
                 generation,
                 result,
-            })
-        {
-            // The supervisor is gone: do not leave the new child behind.
-            c.stop(Some(super::policy::SHUTDOWN.into()));
-        }
-    });
+            }) {
+                // The supervisor is gone: do not leave the new child behind.
+                c.stop(Some(super::policy::SHUTDOWN.into()));
+            }
+        });
+    }
 }
 
 impl Actor for DynamicSupervisor {
@@ -326,14 +246,9 @@ impl Actor for DynamicSupervisor {
         spec: DynamicSpec,
     ) -> Result<DynamicState, ActorProcessingErr> {
         Ok(DynamicState {
-            name: spec.name,
-            window: spec.intensity.map(RestartWindow::new),
-            max_children: spec.max_children,
+            children: Children::new(spec.name, spec.intensity, spec.max_children),
             on_exit: spec.on_exit,
             on_restart: spec.on_restart,
-            children: HashMap::new(),
-            by_actor: HashMap::new(),
-            origin: Instant::now(),
         })
     }
 
@@ -342,7 +257,7 @@ impl Actor for DynamicSupervisor {
         _myself: ActorRef<DynamicMsg>,
         state: &mut DynamicState,
     ) -> Result<(), ActorProcessingErr> {
-        state.stop_all().await;
+        state.children.stop_all().await;
         Ok(())
     }
 
@@ -354,98 +269,45 @@ impl Actor for DynamicSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             DynamicMsg::StartChild(spec, reply) => {
-                if state.children.contains_key(&spec.id) {
-                    let _ = reply.send(Err(StartChildError::AlreadyStarted(spec.id)));
-                    return Ok(());
-                }
-                if let Some(max) = state.max_children {
-                    if state.live() >= max {
-                        let _ = reply.send(Err(StartChildError::MaxChildren(max)));
-                        return Ok(());
-                    }
-                }
-                // The first start is awaited so the caller learns the
-                // result; a child that fails to start is not kept (OTP).
-                match (spec.start)(myself.get_cell()).await {
-                    Ok(cell) => {
-                        state.by_actor.insert(cell.get_id(), spec.id.clone());
-                        let budget = spec.budget.map(RestartWindow::new);
-                        state.children.insert(
-                            spec.id.clone(),
-                            Child {
-                                spec,
-                                cell: Some(cell.clone()),
-                                attempts: 0,
-                                budget,
-                                generation: 0,
-                            },
-                        );
-                        let _ = reply.send(Ok(cell));
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(StartChildError::Failed(e)));
-                    }
-                }
+                // Awaited so the caller learns the result.
+                let result = state.children.start(spec, myself.get_cell()).await;
+                let _ = reply.send(result);
             }
             DynamicMsg::TerminateChild(id, reply) => {
-                let found = match state.children.remove(&id) {
-                    Some(child) => {
-                        if let Some(cell) = child.cell {
-                            state.by_actor.remove(&cell.get_id());
-                            stop_child(&cell, child.spec.shutdown).await;
-                        }
-                        true
-                    }
-                    None => false,
-                };
+                let found = state.children.terminate(&id).await;
                 let _ = reply.send(found);
             }
             DynamicMsg::WhichChildren(reply) => {
-                let mut list: Vec<(String, Option<ActorCell>)> = state
-                    .children
-                    .iter()
-                    .map(|(id, c)| (id.clone(), c.cell.clone()))
-                    .collect();
-                list.sort_by(|a, b| a.0.cmp(&b.0));
-                let _ = reply.send(list);
+                let _ = reply.send(state.children.which());
             }
-            DynamicMsg::Restart { id, generation } => restart(&myself, state, id, generation),
+            DynamicMsg::Restart { id, generation } => state.restart(&myself, id, generation),
             DynamicMsg::Restarted {
                 id,
                 generation,
                 result,
-            } => {
-                let current = state
-                    .children
-                    .get(&id)
-                    .is_some_and(|c| c.generation == generation && c.cell.is_none());
-                if !current {
-                    if let Ok(cell) = result {
+            } => match result {
+                Ok(cell) => {
+                    if state.children.restarted(&id, generation, &cell) {
+                        if let Some(f) = &state.on_restart {
+                            f(&id, cell);
+                        }
+                    } else {
                         cell.stop(Some(super::policy::SHUTDOWN.into()));
                     }
-                    return Ok(());
                 }
-                match result {
-                    Ok(cell) => {
-                        state.by_actor.insert(cell.get_id(), id.clone());
-                        if let Some(f) = &state.on_restart {
-                            f(&id, cell.clone());
-                        }
-                        if let Some(child) = state.children.get_mut(&id) {
-                            child.attempts = 0;
-                            child.cell = Some(cell);
-                        }
+                Err(e) => {
+                    if !state.children.awaits(&id, generation) {
+                        return Ok(());
                     }
-                    Err(e) => {
-                        tracing::warn!(supervisor = %state.name, child = %id, error = %e, "restart failed");
-                        let exit = match Exit::from_reason(Some(&e)) {
-                            Exit::Shutdown(w) => Exit::Shutdown(w),
-                            _ => Exit::Abnormal(e),
-                        };
-                        return self.child_exited(&myself, state, id, exit).await;
-                    }
+                    tracing::warn!(supervisor = %state.children.name(), child = %id, error = %e, "restart failed");
+                    let exit = match Exit::from_reason(Some(&e)) {
+                        Exit::Shutdown(w) => Exit::Shutdown(w),
+                        _ => Exit::Abnormal(e),
+                    };
+                    let decision = state.children.exited(id, exit);
+                    return state.decide(&myself, decision).await;
                 }
-            }
+            },
         }
         Ok(())
     }
@@ -456,16 +318,9 @@ impl Actor for DynamicSupervisor {
         event: SupervisionEvent,
         state: &mut DynamicState,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, exit) = match event {
-            SupervisionEvent::ActorTerminated(cell, _, reason) => {
-                (cell, Exit::from_reason(reason.as_deref()))
-            }
-            SupervisionEvent::ActorFailed(cell, err) => (cell, Exit::Abnormal(err.to_string())),
-            _ => return Ok(()),
-        };
-        let Some(id) = state.by_actor.remove(&cell.get_id()) else {
-            return Ok(());
-        };
-        self.child_exited(&myself, state, id, exit).await
+        match state.children.on_event(&event) {
+            Some(decision) => state.decide(&myself, decision).await,
+            None => Ok(()),
+        }
     }
 }

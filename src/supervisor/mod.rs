@@ -7,6 +7,7 @@
 //! it. See docs/architecture.md for why bmx does not use ractor-supervisor.
 
 pub mod actor;
+pub mod children;
 pub mod dynamic;
 pub mod policy;
 

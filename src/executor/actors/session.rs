@@ -1,11 +1,13 @@
 //! One session: its workspace, lease token, processes and tool calls.
 //!
 //! The session actor routes process and tool requests to its children and
-//! owns their specs (for idempotent starts). Its process and tool actors
-//! are `temporary` children of a dynamic supervisor linked under it: a
-//! child that crashes ends alone, and its exit reaches the session as
-//! [`SessionMsg::ChildExited`] (a crashed process is killed by its tag and
-//! reported `failed`; a crashed tool call gets an error `tool.result`).
+//! owns their specs (for idempotent starts). It is also their supervisor:
+//! its process and tool actors are `temporary` children linked under it
+//! and kept in an embedded [`Children`] (the dynamic supervisor's rules
+//! without an actor of their own: about 10 KiB less per session). A child
+//! that crashes ends alone; its exit reaches the session as a supervision
+//! event (a crashed process is killed by its tag and reported `failed`; a
+//! crashed tool call gets an error `tool.result`).
 //!
 //! Tool results and `session.ready` are kept in outboxes until the harness
 //! acknowledges them. `session.stop` terminates every process group
@@ -18,8 +20,8 @@ use super::sessions::SessionsMsg;
 use super::tool::{ToolActor, ToolArgs, ToolMsg};
 use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
-use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
-use crate::supervisor::{ChildSpec, Exit};
+use crate::supervisor::children::{Children, Decision};
+use crate::supervisor::{ChildExit, ChildSpec, Exit};
 use crate::wire::request::ProcessRequest;
 use crate::wire::types::Accepted;
 use crate::wire::types::{
@@ -62,8 +64,6 @@ pub enum SessionMsg {
     Disconnected,
     /// A tool call finished (from its actor, which then ends).
     ToolDone(Box<ToolResultParams>),
-    /// A process or tool actor ended (from the session's supervisor).
-    ChildExited(ChildExit),
     /// `tool.result` delivery.
     ToolResults(OutboxEvent<String>),
     /// `session.ready` delivery.
@@ -131,8 +131,8 @@ pub struct SessionState {
     scope: String,
     processes: HashMap<String, ProcEntry>,
     tools: HashMap<String, ToolCall>,
-    /// The dynamic supervisor of this session's process and tool actors.
-    children: ActorRef<DynamicMsg>,
+    /// This session's process and tool actors (it is their supervisor).
+    children: Children,
     results: Delivery<String, ToolResultParams>,
     ready: Delivery<(), ReadyParams>,
     read_slots: Arc<Semaphore>,
@@ -354,13 +354,16 @@ impl Session {
             read_slots: state.read_slots.clone(),
         };
         let child = SessionChild::Process(spec.process_id.clone()).id();
-        match dynamic::start_actor::<ProcessMsg>(
-            &state.children,
-            ChildSpec::temporary(child, ProcessActor, args),
-        )
-        .await
+        match state
+            .children
+            .start(
+                ChildSpec::temporary(child, ProcessActor, args),
+                myself.get_cell(),
+            )
+            .await
         {
-            Ok(actor) => {
+            Ok(cell) => {
+                let actor: ActorRef<ProcessMsg> = cell.into();
                 let _ = actor.send_message(ProcessMsg::Started { reply, wait_ms });
                 state.shared.processes.insert(
                     crate::executor::runtime::process_key(&state.id, &spec.process_id),
@@ -411,14 +414,16 @@ impl Session {
             params: p,
         };
         let child = SessionChild::Tool(id.clone()).id();
-        match dynamic::start_actor::<ToolMsg>(
-            &state.children,
-            ChildSpec::temporary(child, ToolActor, args),
-        )
-        .await
+        match state
+            .children
+            .start(
+                ChildSpec::temporary(child, ToolActor, args),
+                myself.get_cell(),
+            )
+            .await
         {
-            Ok(actor) => {
-                state.tools.insert(id, ToolCall::Running(actor));
+            Ok(cell) => {
+                state.tools.insert(id, ToolCall::Running(cell.into()));
                 reply.ok(&Accepted::YES);
             }
             Err(e) => reply.err(RpcError::internal(format!("tool actor: {e}"))),
@@ -472,7 +477,7 @@ impl Session {
             tokio::task::spawn_blocking(move || crate::process::sys::kill_tree(None, None, &scope))
                 .await;
         state.forget_processes();
-        dynamic::shutdown(&state.children, Duration::from_secs(5)).await;
+        state.children.stop_all().await;
         if !keep_workspace {
             if let Err(e) = tokio::fs::remove_dir_all(&state.workspace).await {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -506,7 +511,7 @@ impl Actor for Session {
 
     async fn pre_start(
         &self,
-        myself: ActorRef<SessionMsg>,
+        _myself: ActorRef<SessionMsg>,
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
         let p = args.params;
@@ -514,11 +519,7 @@ impl Actor for Session {
         tokio::fs::create_dir_all(&workspace).await?;
         let workspace = tokio::fs::canonicalize(&workspace).await?;
         let reads = args.shared.limits().concurrent_process_reads() as usize;
-        let me = myself.clone();
-        let spec = DynamicSpec::new("session").on_exit(move |exit| {
-            let _ = me.send_message(SessionMsg::ChildExited(exit));
-        });
-        let children = DynamicSupervisor::start_linked(spec, myself.get_cell()).await?;
+        let children = Children::new("session", None, None);
         let connected = args.shared.link().is_some();
         let state = SessionState {
             scope: session_scope(&args.shared.instance, &p.session_id),
@@ -564,7 +565,25 @@ impl Actor for Session {
             crate::process::sys::kill_tree(None, None, &state.scope);
             let _ = tokio::fs::remove_dir_all(&state.workspace).await;
         }
-        dynamic::shutdown(&state.children, Duration::from_secs(5)).await;
+        state.children.stop_all().await;
+        Ok(())
+    }
+
+    /// A process or tool actor ended. Its own supervisor's rules decide
+    /// (all temporary: reported, never restarted); ractor's default would
+    /// stop the whole session instead.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<SessionMsg>,
+        event: ractor::SupervisionEvent,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        match state.children.on_event(&event) {
+            Some(Decision::Gone(exit))
+            | Some(Decision::Restart { exit, .. })
+            | Some(Decision::Meltdown(exit)) => state.child_exited(&myself, exit),
+            None => {}
+        }
         Ok(())
     }
 
@@ -615,7 +634,6 @@ impl Actor for Session {
                 state.results.disconnected();
             }
             SessionMsg::ToolDone(result) => state.deliver_result(&myself, *result),
-            SessionMsg::ChildExited(exit) => state.child_exited(&myself, exit),
             SessionMsg::ToolResults(event) => {
                 state
                     .results
