@@ -73,12 +73,17 @@ impl ChildSpec {
     where
         A: Actor,
     {
-        let slot = Arc::new(std::sync::Mutex::new(Some((actor, args))));
+        // Boxed, so that once taken the slot a supervisor keeps for the
+        // child's lifetime is a pointer, not the size of the arguments.
+        let slot = Arc::new(std::sync::Mutex::new(Some(Box::new((actor, args)))));
         ChildSpec::new(id, Restart::Temporary, move |sup: ActorCell| {
             let taken = slot.lock().ok().and_then(|mut g| g.take());
             async move {
                 match taken {
-                    Some((actor, args)) => spawn_child(actor, args, sup).await,
+                    Some(boxed) => {
+                        let (actor, args) = *boxed;
+                        spawn_child(actor, args, sup).await
+                    }
                     None => Err("shutdown:temporary child started twice".to_owned()),
                 }
             }
