@@ -234,3 +234,56 @@ async fn a_crashed_terminal_actor_takes_its_tree_and_nothing_else() {
         "no orphan after shutdown"
     );
 }
+
+#[tokio::test]
+async fn a_crashed_sessions_actor_is_restarted_and_ends_every_session_it_held() {
+    let mut rig = Rig::start(Options::default()).await;
+    rig.assign("s").await;
+    rig.assign("t").await;
+    for (session, mark) in [("s", "7351"), ("t", "7352")] {
+        let _: ProcessState = rig
+            .conn
+            .call(
+                Method::ProcessStart,
+                &start_params(session, "p", &["sleep", mark]),
+            )
+            .await
+            .unwrap();
+    }
+    eventually("sleeps started", || {
+        !pids_with_arg("sleep 7351").is_empty() && !pids_with_arg("sleep 7352").is_empty()
+    })
+    .await;
+    inject(&rig, PanicTarget::Sessions);
+    for session in ["s", "t"] {
+        let ended = rig
+            .event("session.ended", |v| v["sessionId"] == session)
+            .await;
+        assert_eq!(ended["reason"], "internal_error");
+    }
+    eventually("every session's processes are killed", || {
+        pids_with_arg("sleep 7351").is_empty() && pids_with_arg("sleep 7352").is_empty()
+    })
+    .await;
+    // The restarted sessions actor takes new sessions.
+    let mut assigned = false;
+    for _ in 0..100 {
+        if rig
+            .conn
+            .call::<_, AssignResult>(Method::SessionAssign, &assign_params("u", 1))
+            .await
+            .is_ok()
+        {
+            assigned = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(assigned, "a new session after the restart");
+    let _: ProcessState = rig
+        .conn
+        .call(Method::ProcessStart, &start_params("u", "p", &["true"]))
+        .await
+        .unwrap();
+    rig.shutdown().await;
+}

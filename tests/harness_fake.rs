@@ -7,43 +7,14 @@ mod harness_common;
 use bmx::harness::{HarnessEvent, SessionState};
 use bmx::wire::transport::DialError;
 use bmx::wire::types::{
-    Accepted, AssignParams, AssignResult, Cursors, EndedParams, Outcome, ProcState,
-    ProcessReadParams, ProcessReadResult, ProcessStartParams, ProcessState, ReadyParams, Resume,
-    StopParams, StopResult, Stream, ToolCallParams, ToolResultParams,
+    Accepted, Cursors, EndedParams, ProcState, ProcessReadParams, ProcessReadResult,
+    ProcessStartParams, ProcessState, ReadyParams, Resume, StopParams, StopResult, Stream,
+    ToolCallParams,
 };
 use bmx::wire::{Blob, CloseCode, Endpoint, Method, Responder};
 use harness_common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-/// Create a session through the API; the fake accepts the assign.
-async fn create_session(h: &bmx::harness::HarnessHandle, fake: &mut Fake, body: Value) -> Value {
-    let client = api(h);
-    let task = tokio::spawn(async move { client.post("/v1/sessions", &body).await.unwrap() });
-    let (p, r): (AssignParams, Responder) = fake.expect(Method::SessionAssign).await;
-    r.ok(&AssignResult {
-        accepted: true,
-        session_id: p.session_id.clone(),
-    });
-    let (status, v) = task.await.unwrap();
-    assert_eq!(status, 201, "{v}");
-    assert_eq!(v["sessionId"], p.session_id.as_str());
-    assert_eq!(v["fencingToken"], p.lease.fencing_token);
-    v
-}
-
-fn tool_result(session: &str, id: &str, text: &str) -> ToolResultParams {
-    ToolResultParams {
-        session_id: session.into(),
-        tool_call_id: id.into(),
-        outcome: Outcome::Succeeded,
-        is_error: false,
-        content: vec![bmx::wire::types::ContentBlock::text(text)],
-        artifacts: vec![],
-        duration_ms: 1,
-        reason: None,
-    }
-}
 
 #[tokio::test]
 async fn bad_token_is_401_and_no_common_subprotocol_is_400() {

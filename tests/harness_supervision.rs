@@ -7,43 +7,11 @@ mod harness_common;
 
 use bmx::executor::{Executor, ExecutorConfig, TokenSource};
 use bmx::harness::{Harness, HarnessHandle, SessionState};
-use bmx::wire::types::{
-    Accepted, AssignParams, AssignResult, ContentBlock, EndedParams, Outcome, Resume, StopParams,
-    StopResult, ToolCallParams, ToolResultParams,
-};
+use bmx::wire::types::{Accepted, EndedParams, Resume, StopParams, StopResult, ToolCallParams};
 use bmx::wire::{CloseCode, Endpoint, Method, Responder};
 use harness_common::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::time::Duration;
-
-/// Create a session through the API; the fake accepts the assign.
-async fn create_session(h: &HarnessHandle, fake: &mut Fake, id: &str) -> Value {
-    let client = api(h);
-    let body = json!({ "sessionId": id });
-    let task = tokio::spawn(async move { client.post("/v1/sessions", &body).await.unwrap() });
-    let (p, r): (AssignParams, Responder) = fake.expect(Method::SessionAssign).await;
-    r.ok(&AssignResult {
-        accepted: true,
-        session_id: p.session_id.clone(),
-    });
-    let (status, v) = task.await.unwrap();
-    assert_eq!(status, 201, "{v}");
-    assert_eq!(v["fencingToken"], p.lease.fencing_token);
-    v
-}
-
-fn tool_result(session: &str, id: &str, text: &str) -> ToolResultParams {
-    ToolResultParams {
-        session_id: session.into(),
-        tool_call_id: id.into(),
-        outcome: Outcome::Succeeded,
-        is_error: false,
-        content: vec![ContentBlock::text(text)],
-        artifacts: vec![],
-        duration_ms: 1,
-        reason: None,
-    }
-}
 
 /// A tool call through the API, answered by the fake: proves the session's
 /// route and lease (the fake's result is fenced by it).
@@ -107,9 +75,9 @@ async fn leases_crash_keeps_sessions_tokens_and_the_api() {
     let mut f = dial(&h, "secret-a").await.unwrap();
     f.register(None).await.unwrap();
     f.keep_alive();
-    let keep = create_session(&h, &mut f, "keep").await;
+    let keep = create_session(&h, &mut f, json!({"sessionId": "keep"})).await;
     assert_eq!(keep["fencingToken"], 1);
-    let again = create_session(&h, &mut f, "again").await;
+    let again = create_session(&h, &mut f, json!({"sessionId": "again"})).await;
     assert_eq!(again["fencingToken"], 1);
     stop_session(&h, &mut f, "again").await;
 
@@ -138,10 +106,10 @@ async fn leases_crash_keeps_sessions_tokens_and_the_api() {
     f.heartbeat().await.expect("the connection lives on");
 
     // The fencing counter survived: the id granted anew gets a higher token.
-    let again = create_session(&h, &mut f, "again").await;
+    let again = create_session(&h, &mut f, json!({"sessionId": "again"})).await;
     assert_eq!(again["fencingToken"], 2);
     // A session created after the crash starts as any other.
-    let fresh = create_session(&h, &mut f, "fresh").await;
+    let fresh = create_session(&h, &mut f, json!({"sessionId": "fresh"})).await;
     assert_eq!(fresh["fencingToken"], 1);
     stop_session(&h, &mut f, "keep").await;
     h.shutdown().await;
@@ -153,7 +121,7 @@ async fn leases_crash_while_the_executor_is_away_keeps_its_lease_for_the_resume(
     let mut a = dial(&h, "secret-a").await.unwrap();
     let ra = a.register(None).await.unwrap();
     a.keep_alive();
-    create_session(&h, &mut a, "keep").await;
+    create_session(&h, &mut a, json!({"sessionId": "keep"})).await;
     a.link.close(CloseCode::Normal, "gone");
     a.closed_within(WAIT).await;
     let sessions = h.sessions();
@@ -197,7 +165,7 @@ async fn leases_crash_with_the_executor_away_still_expires_the_lease() {
     let mut a = dial(&h, "secret-a").await.unwrap();
     a.register(None).await.unwrap();
     a.keep_alive();
-    create_session(&h, &mut a, "gone").await;
+    create_session(&h, &mut a, json!({"sessionId": "gone"})).await;
     a.link.close(CloseCode::Normal, "gone");
     a.closed_within(WAIT).await;
     let sessions = h.sessions();
@@ -225,7 +193,7 @@ async fn connection_crash_closes_the_socket_and_the_fake_resumes() {
     let h = harness().await;
     let mut a = dial(&h, "secret-a").await.unwrap();
     let ra = a.register(None).await.unwrap();
-    create_session(&h, &mut a, "keep").await;
+    create_session(&h, &mut a, json!({"sessionId": "keep"})).await;
 
     assert!(h.inject_connection_panic("exec-a"));
     // The socket nobody serves is closed (at the latest on the next frame).

@@ -139,9 +139,17 @@ impl Executor {
 #[doc(hidden)]
 #[derive(Debug, Clone)]
 pub enum PanicTarget {
+    /// The sessions actor itself (every session dies with it).
+    Sessions,
     Session(String),
-    Process { session: String, process: String },
-    Tool { session: String, tool_call: String },
+    Process {
+        session: String,
+        process: String,
+    },
+    Tool {
+        session: String,
+        tool_call: String,
+    },
     Terminal(String),
 }
 
@@ -163,6 +171,10 @@ impl ExecutorHandle {
                 .is_some_and(|s| s.send_message(SessionMsg::Panic(child)).is_ok())
         };
         match target {
+            PanicTarget::Sessions => self
+                .shared
+                .sessions_actor()
+                .is_some_and(|s| s.send_message(actors::sessions::SessionsMsg::Panic).is_ok()),
             PanicTarget::Session(s) => to_session(&s, None),
             PanicTarget::Process { session, process } => {
                 to_session(&session, Some(SessionChild::Process(process)))

@@ -201,3 +201,40 @@ pub fn rpc_reason(e: &CallError) -> Option<String> {
         _ => None,
     }
 }
+
+/// Create a session through the API with `body`; the fake accepts the
+/// assign. Returns the API's answer.
+pub async fn create_session(
+    h: &HarnessHandle,
+    fake: &mut Fake,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    use bmx::wire::types::{AssignParams, AssignResult};
+    let client = api(h);
+    let task = tokio::spawn(async move { client.post("/v1/sessions", &body).await.unwrap() });
+    let (p, r): (AssignParams, Responder) = fake.expect(Method::SessionAssign).await;
+    r.ok(&AssignResult {
+        accepted: true,
+        session_id: p.session_id.clone(),
+    });
+    let (status, v) = task.await.unwrap();
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["sessionId"], p.session_id.as_str());
+    assert_eq!(v["fencingToken"], p.lease.fencing_token);
+    v
+}
+
+/// A successful `tool.result` with one text block.
+pub fn tool_result(session: &str, id: &str, text: &str) -> bmx::wire::types::ToolResultParams {
+    use bmx::wire::types::{ContentBlock, Outcome, ToolResultParams};
+    ToolResultParams {
+        session_id: session.into(),
+        tool_call_id: id.into(),
+        outcome: Outcome::Succeeded,
+        is_error: false,
+        content: vec![ContentBlock::text(text)],
+        artifacts: vec![],
+        duration_ms: 1,
+        reason: None,
+    }
+}

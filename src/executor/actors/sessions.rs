@@ -50,6 +50,9 @@ pub enum SessionsMsg {
     Exited(ChildExit),
     /// `session.ended` delivery.
     Ended(OutboxEvent<String>),
+    /// Test hook: panic in the handler (a crash the tests inject).
+    #[doc(hidden)]
+    Panic,
 }
 
 struct Entry {
@@ -234,6 +237,32 @@ impl Actor for Sessions {
             let _ = me.send_message(SessionsMsg::Exited(exit));
         });
         let sup = DynamicSupervisor::start_linked(spec, myself.get_cell()).await?;
+        // A restart after a crash: the sessions of the crashed incarnation
+        // died with it (their actors were killed, their cleanup did not
+        // run). End each of them as a crashed session: kill what carries its
+        // tag, remove its workspace, report `internal_error`.
+        let orphaned: Vec<String> = shared.sessions.iter().map(|e| e.key().clone()).collect();
+        let connected = shared.link().is_some();
+        let mut ended = Delivery::new(Method::SessionEnded, true, ENDED_MAX, connected);
+        for session_id in orphaned {
+            shared.sessions.remove(&session_id);
+            let prefix = crate::executor::runtime::process_key(&session_id, "");
+            shared.processes.retain(|k, _| !k.starts_with(&prefix));
+            tracing::error!(session = %session_id, "session lost with a crashed sessions actor; ending it");
+            let scope = super::session::session_scope(&shared.instance, &session_id);
+            let workspace = super::session::workspace_dir(&shared.config.work_root, &session_id);
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::process::sys::kill_scope(None, &scope);
+                let _ = std::fs::remove_dir_all(workspace);
+            })
+            .await;
+            let params = EndedParams {
+                session_id: session_id.clone(),
+                reason: EndReason::INTERNAL_ERROR.to_owned(),
+            };
+            let _ = ended.push(session_id, params);
+        }
+        ended.pump(&shared, &myself, SessionsMsg::Ended);
         Ok(SessionsState {
             shared,
             sup,
@@ -242,8 +271,8 @@ impl Actor for Sessions {
             retired: HashMap::new(),
             clock: LeaseClock::new(crate::wire::types::RegisterResult::DEFAULT_LEASE_TTL_MS),
             origin: Instant::now(),
-            connected: false,
-            ended: Delivery::new(Method::SessionEnded, true, ENDED_MAX, false),
+            connected,
+            ended,
             drain: None,
         })
     }
@@ -334,6 +363,7 @@ impl Actor for Sessions {
                 state.ending.insert(session_id, reason);
             }
             SessionsMsg::Exited(exit) => self.session_exited(&myself, state, exit),
+            SessionsMsg::Panic => panic!("injected panic (test hook)"),
             SessionsMsg::Ended(event) => {
                 state
                     .ended

@@ -215,6 +215,12 @@ impl Actor for Terminals {
             let _ = me.send_message(TerminalsMsg::Exited(exit));
         });
         let sup = DynamicSupervisor::start_linked(spec, myself.get_cell()).await?;
+        // A restart after a crash: the terminals of the crashed incarnation
+        // died with it without their cleanup; whatever carries the
+        // terminals' tag now belongs to no terminal.
+        let scope = terminals_scope(&shared.instance);
+        let _ = tokio::task::spawn_blocking(move || crate::process::sys::kill_scope(None, &scope))
+            .await;
         Ok(TerminalsState {
             shared,
             sup,
