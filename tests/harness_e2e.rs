@@ -1,35 +1,16 @@
 //! End to end: the real executor (in process) against the harness, driven
 //! through the HTTP API: session.assign → process → output → tool → stop.
 
+mod harness_common;
+
 use bmx::client::ApiClient;
-use bmx::executor::{Executor, ExecutorConfig, TokenSource};
-use bmx::harness::Harness;
-use bmx::wire::Endpoint;
+use harness_common::harness_with_executor;
 use serde_json::json;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_to_real_executor_and_back() {
-    let h = Harness::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .token("exec-e2e", "tok-e2e")
-        .heartbeat_ms(200)
-        .lease_ttl_ms(2_000)
-        .build()
-        .await
-        .unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let mut config = ExecutorConfig::new(
-        Endpoint::parse(&h.executor_url()).unwrap(),
-        TokenSource::Static("tok-e2e".into()),
-    );
-    config.work_root = work.path().to_owned();
-    let executor = Executor::start(config).await.unwrap();
-    assert!(
-        h.wait_for_executor(Some("exec-e2e"), Duration::from_secs(10))
-            .await,
-        "the executor registers"
-    );
+    let (h, executor, _work) = harness_with_executor("exec-e2e", 2_000).await;
     let client = ApiClient::new(&h.api_url())
         .unwrap()
         .timeout(Duration::from_secs(30));

@@ -5,10 +5,9 @@
 
 mod harness_common;
 
-use bmx::executor::{Executor, ExecutorConfig, TokenSource};
-use bmx::harness::{Harness, HarnessHandle, SessionState};
+use bmx::harness::{HarnessHandle, SessionState};
 use bmx::wire::types::{Accepted, EndedParams, Resume, StopParams, StopResult, ToolCallParams};
-use bmx::wire::{CloseCode, Endpoint, Method, Responder};
+use bmx::wire::{CloseCode, Method, Responder};
 use harness_common::*;
 use serde_json::json;
 use std::time::Duration;
@@ -231,25 +230,7 @@ async fn connection_crash_closes_the_socket_and_the_fake_resumes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_crash_real_executor_reconnects_and_resumes_its_session() {
-    let h = Harness::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .token("exec-sup", "tok-sup")
-        .heartbeat_ms(200)
-        .lease_ttl_ms(5_000)
-        .build()
-        .await
-        .unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let mut config = ExecutorConfig::new(
-        Endpoint::parse(&h.executor_url()).unwrap(),
-        TokenSource::Static("tok-sup".into()),
-    );
-    config.work_root = work.path().to_owned();
-    let executor = Executor::start(config).await.unwrap();
-    assert!(
-        h.wait_for_executor(Some("exec-sup"), Duration::from_secs(10))
-            .await
-    );
+    let (h, executor, _work) = harness_with_executor("exec-sup", 5_000).await;
     let client = api(&h);
     let (status, s) = client
         .post("/v1/sessions", &json!({"sessionId": "live"}))

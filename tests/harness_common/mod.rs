@@ -238,3 +238,39 @@ pub fn tool_result(session: &str, id: &str, text: &str) -> bmx::wire::types::Too
         reason: None,
     }
 }
+
+/// A harness (heartbeat 200 ms, lease TTL `lease_ttl_ms`) and a real
+/// executor registered with it as `executor_id`. The temporary directory
+/// is the executor's work root: keep it alive for the test.
+pub async fn harness_with_executor(
+    executor_id: &str,
+    lease_ttl_ms: u64,
+) -> (
+    HarnessHandle,
+    bmx::executor::ExecutorHandle,
+    tempfile::TempDir,
+) {
+    use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+    let token = format!("tok-{executor_id}");
+    let h = Harness::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .token(executor_id, &token)
+        .heartbeat_ms(200)
+        .lease_ttl_ms(lease_ttl_ms)
+        .build()
+        .await
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut config = ExecutorConfig::new(
+        Endpoint::parse(&h.executor_url()).unwrap(),
+        TokenSource::Static(token),
+    );
+    config.work_root = work.path().to_owned();
+    let executor = Executor::start(config).await.unwrap();
+    assert!(
+        h.wait_for_executor(Some(executor_id), Duration::from_secs(10))
+            .await,
+        "the executor registers"
+    );
+    (h, executor, work)
+}
