@@ -148,20 +148,25 @@ impl HarnessArgs {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is
+/// called, not when it is first polled: call it before saying "ready", so
+/// a signal sent right after is never met by the default action.
+fn signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
+            _ => std::future::pending().await,
         }
-        _ => std::future::pending().await,
     }
 }
 
@@ -180,12 +185,13 @@ pub async fn run_harness(args: HarnessArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let stop = signal();
     println!(
         "bmx harness: API {}/v1, executors connect to {}",
         h.api_url(),
         h.executor_url()
     );
-    signal().await;
+    stop.await;
     tracing::info!("shutting down");
     h.shutdown().await;
     ExitCode::SUCCESS

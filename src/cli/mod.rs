@@ -16,8 +16,19 @@ pub mod harness;
 #[derive(Debug, Parser)]
 #[command(name = "bmx", version, about, long_about = None)]
 pub struct Cli {
+    /// Log line format on stderr: `text` (colours only when stderr is a
+    /// terminal) or `json` (one object per line, for log shippers).
+    #[arg(long, global = true, env = "BMX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -41,23 +52,33 @@ pub enum Command {
 }
 
 /// Install the tracing subscriber: stderr, `RUST_LOG`-style filter
-/// (default `info`, `warn` for benchmarks).
-pub fn init_tracing(default: &str) {
+/// (default `info`, `warn` for benchmarks). Escape codes only reach a
+/// terminal: a file or a pipe gets plain text (or JSON).
+pub fn init_tracing(default: &str, format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
+        LogFormat::Json => builder.json().with_ansi(false).try_init(),
+    };
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(match cli.command {
-        // Log lines would land in the middle of the remote screen.
-        Command::Bench(_) | Command::Attach(_) => "warn",
-        _ => "info",
-    });
+    init_tracing(
+        match cli.command {
+            // Log lines would land in the middle of the remote screen.
+            Command::Bench(_) | Command::Attach(_) => "warn",
+            _ => "info",
+        },
+        cli.log_format,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
