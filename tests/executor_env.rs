@@ -255,6 +255,42 @@ async fn a_setsid_escapee_of_a_terminal_dies_when_it_closes() {
     d.stop().await;
 }
 
+/// SIGTERM to the daemon ends every session and terminal it holds, and
+/// with them whatever left its group: nothing is re-parented to pid 1.
+#[tokio::test]
+async fn setsid_escapees_die_when_the_daemon_exits_on_sigterm() {
+    let (tool, process, terminal) = (unique(5), unique(6), unique(7));
+    let _reap = [
+        Reap(tool.clone()),
+        Reap(process.clone()),
+        Reap(terminal.clone()),
+    ];
+    let mut d = Daemon::start().await;
+    d.assign("s").await;
+    let r = d.bash("s", "escape", &detached(&tool)).await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{:?}", r.content);
+    let script = format!("{}; exec sleep 600", detached(&process));
+    let _: ProcessState = d
+        .conn
+        .call(
+            Method::ProcessStart,
+            &start_params("s", "p", &["sh", "-c", &script]),
+        )
+        .await
+        .expect("process.start");
+    let script = format!("{}; exec sleep 600", detached(&terminal));
+    d.open_terminal("t", &script).await;
+    eventually("the three escapees run", || {
+        sleeps(&tool).len() == 1 && sleeps(&process).len() == 1 && sleeps(&terminal).len() == 1
+    })
+    .await;
+    d.stop().await;
+    eventually("every escapee died with the daemon", || {
+        sleeps(&tool).is_empty() && sleeps(&process).is_empty() && sleeps(&terminal).is_empty()
+    })
+    .await;
+}
+
 /// The environment a child printed with `env`, as name → value.
 fn parse_env(text: &str) -> BTreeMap<String, String> {
     text.lines()
