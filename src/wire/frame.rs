@@ -46,8 +46,50 @@ impl<'de> Deserialize<'de> for Present {
     }
 }
 
+/// Whether the `jsonrpc` member is the string `"2.0"`, read without
+/// allocating (this runs for every frame).
+#[derive(Debug, Default, Clone, Copy)]
+struct Version2(bool);
+
+impl<'de> Deserialize<'de> for Version2 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Version2;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"2.0\"")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Version2, E> {
+                Ok(Version2(v == "2.0"))
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Version2, E> {
+                Ok(Version2(v == b"2.0"))
+            }
+            // Any other type is simply not "2.0".
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Version2, E> {
+                Ok(Version2(false))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Version2, E> {
+                Ok(Version2(false))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Version2, E> {
+                Ok(Version2(false))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Version2, E> {
+                Ok(Version2(false))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Version2, E> {
+                Ok(Version2(false))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 #[derive(Deserialize)]
 struct RawHead {
+    #[serde(default)]
+    jsonrpc: Version2,
     #[serde(default)]
     id: Option<Id>,
     #[serde(default)]
@@ -158,6 +200,14 @@ impl Inbound {
             }
         }
         let head: RawHead = codec.decode(&bytes)?;
+        if !head.jsonrpc.0 {
+            // JSON-RPC 2.0 and nothing else: a frame of another version is
+            // answered -32600, never executed.
+            return Err(FrameError::Invalid {
+                id: head.id,
+                detail: "\"jsonrpc\" must be \"2.0\"".into(),
+            });
+        }
         let kind = match (head.method, head.id, head.result.0, head.error) {
             (Some(method), Some(id), false, None) => FrameKind::Request { id, method },
             (Some(method), None, false, None) => FrameKind::Notification { method },
@@ -345,6 +395,31 @@ mod tests {
                 f.kind,
                 FrameKind::Response { .. } | FrameKind::Error { .. }
             ));
+        }
+    }
+
+    #[test]
+    fn only_jsonrpc_2_0_is_accepted() {
+        for bad in [
+            r#"{"jsonrpc":"1.0","id":"1","method":"a.b"}"#,
+            r#"{"jsonrpc":"2.1","id":"1","method":"a.b"}"#,
+            r#"{"jsonrpc":2,"id":"1","method":"a.b"}"#,
+            r#"{"jsonrpc":null,"id":"1","method":"a.b"}"#,
+            r#"{"id":"1","method":"a.b"}"#,
+        ] {
+            let v: serde_json::Value = serde_json::from_str(bad).unwrap();
+            let mp = rmp_serde::to_vec_named(&v).unwrap();
+            for f in [
+                Inbound::parse(Codec::Json, Bytes::from(bad.to_owned())),
+                Inbound::parse(Codec::MsgPack, Bytes::from(mp)),
+            ] {
+                match f {
+                    Err(FrameError::Invalid { id, .. }) => {
+                        assert_eq!(id, Some(Id::Str("1".into())), "{bad}")
+                    }
+                    other => panic!("{bad}: {other:?}"),
+                }
+            }
         }
     }
 }
