@@ -65,6 +65,16 @@ async fn a_crashed_process_actor_is_reported_failed_and_its_tree_killed() {
         pids_with_arg("sleep 7311").is_empty()
     })
     .await;
+    // A request for the crashed process is answered, with an error.
+    let err = rig
+        .conn
+        .call::<_, ProcessReadResult>(
+            Method::ProcessRead,
+            &read_params("s", "doomed", Stream::Stdout, 0, 0),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, bmx::wire::ErrorCode::InternalError.code());
     // The session and its other process live on.
     assert!(!pids_with_arg("sleep 7312").is_empty());
     let list: ProcessListResult = rig

@@ -5,15 +5,17 @@
 
 mod harness_common;
 
+use harness_common::harness_with_executor_tweaked;
+
 use bmx::client::{ApiClient, AttachOptions, ClientError, TerminalSocket};
-use bmx::executor::{Executor, ExecutorConfig, ExecutorHandle, TokenSource};
-use bmx::harness::{Harness, HarnessHandle};
+use bmx::executor::ExecutorHandle;
+use bmx::harness::HarnessHandle;
 use bmx::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
 use bmx::wire::types::{
     Capabilities, TerminalAttachParams, TerminalAttachResult, TerminalCapability,
     TerminalExitedParams, TerminalOpenParams, TerminalOpenResult,
 };
-use bmx::wire::{Endpoint, Method};
+use bmx::wire::Method;
 use futures_util::{SinkExt, StreamExt};
 use harness_common::{dial, register_params};
 use serde_json::{json, Value};
@@ -38,26 +40,12 @@ async fn rig(executor_id: &str) -> Rig {
 }
 
 async fn rig_with(executor_id: &str, api_token: Option<&str>) -> Rig {
-    let secret = format!("tok-{executor_id}");
-    let h = Harness::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .token(executor_id, secret.clone())
-        .api_token(api_token.map(str::to_owned))
-        .build()
-        .await
-        .unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let mut config = ExecutorConfig::new(
-        Endpoint::parse(&h.executor_url()).unwrap(),
-        TokenSource::Static(secret),
-    );
-    config.work_root = work.path().to_owned();
-    config.terminal_close_grace = Duration::from_millis(500);
-    let executor = Executor::start(config).await.unwrap();
-    assert!(
-        h.wait_for_executor(Some(executor_id), DEADLINE).await,
-        "the executor registers"
-    );
+    let (h, executor, work) = harness_with_executor_tweaked(
+        executor_id,
+        |b| b.api_token(api_token.map(str::to_owned)),
+        |c| c.terminal_close_grace = Duration::from_millis(500),
+    )
+    .await;
     let client = ApiClient::new(&h.api_url())
         .unwrap()
         .token(api_token.map(str::to_owned))

@@ -250,27 +250,43 @@ pub async fn harness_with_executor(
     bmx::executor::ExecutorHandle,
     tempfile::TempDir,
 ) {
+    harness_with_executor_tweaked(
+        executor_id,
+        |b| b.heartbeat_ms(200).lease_ttl_ms(lease_ttl_ms),
+        |_| {},
+    )
+    .await
+}
+
+/// [`harness_with_executor`] with the harness builder and the executor's
+/// config adjusted by the test.
+pub async fn harness_with_executor_tweaked(
+    executor_id: &str,
+    harness: impl FnOnce(bmx::harness::HarnessBuilder) -> bmx::harness::HarnessBuilder,
+    executor: impl FnOnce(&mut bmx::executor::ExecutorConfig),
+) -> (
+    HarnessHandle,
+    bmx::executor::ExecutorHandle,
+    tempfile::TempDir,
+) {
     use bmx::executor::{Executor, ExecutorConfig, TokenSource};
     let token = format!("tok-{executor_id}");
-    let h = Harness::builder()
+    let builder = Harness::builder()
         .listen("127.0.0.1:0".parse().unwrap())
-        .token(executor_id, &token)
-        .heartbeat_ms(200)
-        .lease_ttl_ms(lease_ttl_ms)
-        .build()
-        .await
-        .unwrap();
+        .token(executor_id, &token);
+    let h = harness(builder).build().await.unwrap();
     let work = tempfile::tempdir().unwrap();
     let mut config = ExecutorConfig::new(
         Endpoint::parse(&h.executor_url()).unwrap(),
         TokenSource::Static(token),
     );
     config.work_root = work.path().to_owned();
-    let executor = Executor::start(config).await.unwrap();
+    executor(&mut config);
+    let running = Executor::start(config).await.unwrap();
     assert!(
         h.wait_for_executor(Some(executor_id), Duration::from_secs(10))
             .await,
         "the executor registers"
     );
-    (h, executor, work)
+    (h, running, work)
 }
