@@ -190,6 +190,7 @@ impl SessionState {
                     session_id: self.id.clone(),
                     status,
                     detail,
+                    mcp_servers: Vec::new(),
                 },
             );
         }

@@ -200,6 +200,8 @@ mod roundtrip {
         McpFrameParams,
         McpCloseParams,
         McpCloseResult,
+        McpServerStatus,
+        McpRestartBudget,
         TurnStartParams,
         TurnStartResult,
         SessionEventParams,

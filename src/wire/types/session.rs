@@ -59,6 +59,9 @@ wire_struct! {
         pub status: SessionStatus,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub detail: Option<String>,
+        /// bmx extension: the session's MCP servers, when it has any.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub mcp_servers: Vec<super::McpServerStatus>,
     }
 }
 
