@@ -9,6 +9,7 @@ need=()
 command -v script >/dev/null 2>&1 || need+=(util-linux)
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v bash >/dev/null 2>&1 || need+=(bash)
+command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
@@ -19,15 +20,10 @@ fi
 
 # Real MCP servers (issue 11), pinned by tests/peers/package-lock.json.
 # `npm ci` only when the lock changed since the last install: offline after.
-if command -v npm >/dev/null 2>&1; then
-  if [ ! -f tests/peers/node_modules/.package-lock.json ] ||
-     ! cmp -s tests/peers/package-lock.json tests/peers/node_modules/.bmx-installed-lock; then
-    (cd tests/peers && npm ci --no-audit --no-fund --loglevel=error &&
-      cp package-lock.json node_modules/.bmx-installed-lock)
-  fi
-else
-  echo "scripts/test.sh: npm is needed for the MCP peers (Debian: nodejs npm)" >&2
-  exit 1
+if [ ! -f tests/peers/node_modules/.package-lock.json ] ||
+   ! cmp -s tests/peers/package-lock.json tests/peers/node_modules/.bmx-installed-lock; then
+  (cd tests/peers && npm ci --no-audit --no-fund --loglevel=error &&
+    cp package-lock.json node_modules/.bmx-installed-lock)
 fi
 
 cargo test --release "$@"
