@@ -64,6 +64,25 @@ pub struct HarnessConfig {
     pub max_pending_tickets: usize,
     /// How long a relay ticket stays valid (the executor dials within 10 s).
     pub relay_ticket_ttl: Duration,
+    /// MCP (docs/mcp.md): how long a client request through
+    /// `/v1/sessions/{id}/mcp/{serverKey}` waits for the server's answer
+    /// before it is answered with a timeout error (-32001).
+    pub mcp_request_timeout: Duration,
+    /// How long `mcp.open` may take (the executor waits for the server's
+    /// `initialize` before it answers).
+    pub mcp_open_timeout: Duration,
+    /// MCP client sessions (`Mcp-Session-Id`) per server at once (429 past it).
+    pub mcp_max_clients: usize,
+    /// An MCP client session with nothing in flight and no open stream is
+    /// forgotten after this much silence (its id then gets 404).
+    pub mcp_client_idle: Duration,
+    /// Requests in flight per (session, server) at once.
+    pub mcp_max_in_flight: usize,
+    /// MCP channels (session × server) the harness serves at once.
+    pub mcp_max_channels: usize,
+    /// Messages queued for one client's notification stream (GET); a
+    /// client that falls this far behind loses its stream.
+    pub mcp_stream_queue: usize,
 }
 
 impl Default for HarnessConfig {
@@ -89,6 +108,13 @@ impl Default for HarnessConfig {
             max_relays: 256,
             max_pending_tickets: 256,
             relay_ticket_ttl: Duration::from_secs(15),
+            mcp_request_timeout: Duration::from_secs(60),
+            mcp_open_timeout: Duration::from_secs(60),
+            mcp_max_clients: 64,
+            mcp_client_idle: Duration::from_secs(600),
+            mcp_max_in_flight: 256,
+            mcp_max_channels: 4096,
+            mcp_stream_queue: 256,
         }
     }
 }

@@ -43,6 +43,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod http;
+pub mod mcp_proxy;
 pub mod runtime;
 pub mod types;
 
@@ -232,7 +233,10 @@ impl HarnessBuilder {
             .await
             .map_err(|e| HarnessError::Spawn(e.to_string()))?;
         let ready = async {
-            while shared.leases().is_none() || shared.connections().is_none() {
+            while shared.leases().is_none()
+                || shared.connections().is_none()
+                || shared.mcp().is_none()
+            {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         };

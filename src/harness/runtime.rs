@@ -13,6 +13,8 @@
 
 use super::actors::connection::ConnMsg;
 use super::actors::leases::LeasesMsg;
+use super::actors::mcp::McpMsg;
+use super::api::mcp::McpToolsView;
 use crate::harness::api::terminals::TerminalRegistry;
 use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
 use crate::harness::http::relay::Relays;
@@ -72,6 +74,14 @@ pub struct Shared {
     pub relays: Relays,
     /// Base URL executors dial for relays; set once the listener is bound.
     pub relay_base: OnceLock<String>,
+    /// (session, serverKey) → its MCP channel actor; each entry written
+    /// only by that actor (inserted when it starts, removed when it stops).
+    pub mcp_channels: DashMap<(String, String), ActorRef<McpMsg>>,
+    /// (session, serverKey) → the server's tool list; each entry written
+    /// only by that server's channel actor.
+    pub mcp_tools: DashMap<(String, String), McpToolsView>,
+    /// The dynamic supervisor of the MCP channel actors.
+    mcp: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     /// The current leases actor; replaced each time it is (re)started.
     leases: watch::Sender<Option<ActorRef<LeasesMsg>>>,
     /// The dynamic supervisor of the connection actors.
@@ -103,6 +113,9 @@ impl Shared {
             terminals: TerminalRegistry::default(),
             relays: Relays::default(),
             relay_base: OnceLock::new(),
+            mcp_channels: DashMap::new(),
+            mcp_tools: DashMap::new(),
+            mcp: std::sync::RwLock::new(None),
             leases: watch::channel(None).0,
             connections: std::sync::RwLock::new(None),
             next_conn: AtomicU64::new(1),
@@ -136,6 +149,21 @@ impl Shared {
     /// The supervisor connection actors are started under.
     pub(crate) fn connections(&self) -> Option<ActorRef<DynamicMsg>> {
         self.connections
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_mcp(&self, sup: ActorRef<DynamicMsg>) {
+        *self
+            .mcp
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sup);
+    }
+
+    /// The supervisor MCP channel actors are started under.
+    pub(crate) fn mcp(&self) -> Option<ActorRef<DynamicMsg>> {
+        self.mcp
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()

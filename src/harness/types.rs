@@ -1,8 +1,9 @@
 //! What the harness shows a platform: executors, sessions, and events.
 
+use crate::harness::api::mcp::McpServerInfo;
 use crate::wire::types::{
-    Capabilities, EventDeltaParams, JsonMap, ProcessStatusParams, SessionEventParams,
-    SessionStatus, ToolProgressParams, ToolResultParams,
+    Capabilities, EventDeltaParams, JsonMap, McpServerStatus, ProcessStatusParams,
+    SessionEventParams, SessionStatus, ToolProgressParams, ToolResultParams,
 };
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,10 @@ pub struct SessionInfo {
     /// The last `process.status` of every process, by process id order.
     #[serde(default)]
     pub processes: Vec<ProcessStatusParams>,
+    /// The session's MCP servers: their specs (`secretEnv` values
+    /// redacted) and their last state from `session.status`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServerInfo>,
 }
 
 /// Something a platform may want to react to. Delivered on
@@ -87,6 +92,9 @@ pub enum HarnessEvent {
         session_id: String,
         status: SessionStatus,
         detail: Option<String>,
+        /// The state of each MCP server (bmx extension), when it has any.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        mcp_servers: Vec<McpServerStatus>,
     },
     SessionEnded {
         session_id: String,
@@ -99,7 +107,8 @@ pub enum HarnessEvent {
     SessionEvent(SessionEventParams),
     SessionEventDelta(EventDeltaParams),
     /// A v1.1 frame the harness does not act on (interactions, terminals),
-    /// passed through as it came.
+    /// passed through as it came. MCP frames never appear here: their
+    /// payloads may carry secrets.
     Other {
         method: String,
         params: serde_json::Value,

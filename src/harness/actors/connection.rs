@@ -10,13 +10,14 @@
 //! lease TTL; a registered one is watched by the leases actor's timer.
 
 use super::leases::LeasesMsg;
+use super::mcp;
 use crate::harness::runtime::{ConnEntry, Shared};
 use crate::harness::types::HarnessEvent;
 use crate::lease::ConnId;
 use crate::wire::types::{
     now_rfc3339, CapabilitiesUpdateParams, CloseParams, HeartbeatParams, HeartbeatResult, Limits,
-    RegisterParams, RegisterResult, StopParams, TerminalExitedParams, TokenRefreshParams,
-    TokenRefreshResult,
+    McpCloseParams, McpCloseResult, McpFrameParams, RegisterParams, RegisterResult, StopParams,
+    TerminalExitedParams, TokenRefreshParams, TokenRefreshResult,
 };
 use crate::wire::{
     decode_params, CloseCode, Closed, Dispatch, Inbound, Link, LinkLimits, Method, Owner,
@@ -339,7 +340,7 @@ impl ConnState {
                     });
                 }
             }
-            Method::TerminalOutput | Method::McpFrame | Method::McpClose => {
+            Method::TerminalOutput => {
                 // Executor-scoped v1.1 traffic the harness does not act on.
                 if let Some(params) = decode_params::<serde_json::Value>(&frame, &mut reply) {
                     self.shared.emit(HarnessEvent::Other {
@@ -347,16 +348,34 @@ impl ConnState {
                         params,
                     });
                 }
-                if let Some(r) = reply {
-                    r.ok(&serde_json::json!({"closed": true}));
+            }
+            // MCP frames go to their channel actor, never to the event
+            // stream (payloads may carry secrets). The channel checks that
+            // the frame came on the connection it was opened on.
+            Method::McpFrame => {
+                if let Some(p) = decode_params::<McpFrameParams>(&frame, &mut reply) {
+                    mcp::from_executor(&self.shared, self.conn, p);
+                }
+            }
+            Method::McpClose => {
+                if let Some(p) = decode_params::<McpCloseParams>(&frame, &mut reply) {
+                    mcp::executor_closed(&self.shared, self.conn, p);
+                    if let Some(r) = reply {
+                        r.ok(&McpCloseResult { closed: true });
+                    }
                 }
             }
             Method::McpOpen => {
+                // Channels toward the harness are for `service` servers,
+                // which this harness does not offer (docs/mcp.md).
                 if let Some(r) = reply {
-                    r.err(RpcError::new(
-                        crate::wire::ErrorCode::McpUnavailable,
-                        "this harness serves no MCP servers",
-                    ));
+                    r.err(
+                        RpcError::new(
+                            crate::wire::ErrorCode::McpUnavailable,
+                            "this harness serves no service-origin MCP servers",
+                        )
+                        .with_reason("unsupported_origin"),
+                    );
                 }
             }
             m if m.owner() == Owner::HarnessSession => {

@@ -28,6 +28,8 @@
 
 #![allow(clippy::result_large_err)]
 
+use super::mcp::{self, McpMsg};
+use crate::harness::api::mcp::McpServerInfo;
 use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
 use crate::harness::types::{HarnessEvent, SessionInfo, SessionState};
@@ -37,9 +39,9 @@ use crate::lease::{
     Lookup, Registered, RestoredLease, SessionViews, StopStart, ToolResults, ViewEffect,
 };
 use crate::wire::types::{
-    now_rfc3339, Accepted, EndedParams, EventDeltaParams, JsonMap, ProcessStatusParams,
-    ReadyParams, SessionEventParams, SessionEventResult, SessionRefParams, StatusParams,
-    ToolProgressParams, ToolResultParams,
+    now_rfc3339, Accepted, ConnectionOrigin, EndedParams, EventDeltaParams, JsonMap,
+    McpServerState, ProcessStatusParams, ReadyParams, SessionEventParams, SessionEventResult,
+    SessionRefParams, StatusParams, ToolProgressParams, ToolResultParams,
 };
 use crate::wire::{
     decode_params, CloseCode, ErrorCode, Inbound, Link, Method, Responder, RpcError,
@@ -62,6 +64,8 @@ type StopWaiter = oneshot::Sender<SessionInfo>;
 #[derive(Clone)]
 pub struct Route {
     pub link: Link,
+    /// The holder connection (MCP channels check their frames come on it).
+    pub conn: ConnId,
     pub executor_id: String,
     pub fencing_token: u64,
 }
@@ -91,6 +95,8 @@ pub enum LeasesMsg {
         session_id: Option<String>,
         executor_id: Option<String>,
         metadata: JsonMap,
+        /// The session's MCP servers, redacted (what the platform sees).
+        mcp_servers: Vec<McpServerInfo>,
         reply: oneshot::Sender<Result<Assignment, ApiError>>,
     },
     /// The executor answered (or failed to answer) `session.assign`.
@@ -390,9 +396,10 @@ impl LeasesState {
                 session_id,
                 executor_id,
                 metadata,
+                mcp_servers,
                 reply,
             } => {
-                let _ = reply.send(self.assign(session_id, executor_id, metadata));
+                let _ = reply.send(self.assign(session_id, executor_id, metadata, mcp_servers));
             }
             LeasesMsg::AssignAnswered {
                 session_id,
@@ -487,6 +494,7 @@ impl LeasesState {
         session_id: Option<String>,
         executor_id: Option<String>,
         metadata: JsonMap,
+        mcp_servers: Vec<McpServerInfo>,
     ) -> Result<Assignment, ApiError> {
         let session_id = match session_id {
             Some(s) if s.is_empty() || s.len() > 256 => {
@@ -575,6 +583,7 @@ impl LeasesState {
                 ended_reason: None,
                 metadata,
                 processes: Vec::new(),
+                mcp_servers,
             },
         );
         Ok(Assignment {
@@ -627,6 +636,7 @@ impl LeasesState {
             .ok_or_else(|| ApiError::executor_disconnected(session_id))?;
         Ok(Route {
             link,
+            conn: view.conn,
             executor_id: view.executor_id,
             fencing_token: view.fencing_token,
         })
@@ -717,6 +727,7 @@ impl LeasesState {
             }
         }
         self.events.forget(session_id);
+        mcp::session_ended(&self.shared, session_id, reason);
         self.shared.emit(HarnessEvent::SessionEnded {
             session_id: session_id.to_owned(),
             reason: reason.to_owned(),
@@ -792,8 +803,21 @@ impl LeasesState {
                 let Some(_p) = decode_params::<ReadyParams>(&frame, &mut reply) else {
                     return;
                 };
-                if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
-                    rec.ready = true;
+                let mcp_keys: Vec<String> = match self.shared.sessions.get_mut(&session_id) {
+                    Some(mut rec) => {
+                        rec.ready = true;
+                        rec.mcp_servers
+                            .iter()
+                            .filter(|s| s.connection_origin == ConnectionOrigin::Environment)
+                            .map(|s| s.server_key.clone())
+                            .collect()
+                    }
+                    None => Vec::new(),
+                };
+                // Every server has answered `initialize` (or failed): list
+                // the tools of each over its channel.
+                for key in mcp_keys {
+                    mcp::wake(&self.shared, &session_id, &key, McpMsg::Wake);
                 }
                 self.shared.emit(HarnessEvent::SessionReady {
                     session_id: session_id.clone(),
@@ -811,13 +835,44 @@ impl LeasesState {
                 let Some(p) = decode_params::<StatusParams>(&frame, &mut reply) else {
                     return;
                 };
+                let mut changed = Vec::new();
                 if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
                     rec.status = Some(p.status);
+                    // Only servers the session was created with; the
+                    // executor's list is bounded by them.
+                    for s in &p.mcp_servers {
+                        if let Some(info) = rec
+                            .mcp_servers
+                            .iter_mut()
+                            .find(|i| i.server_key == s.server_key)
+                        {
+                            if info.state != s.state || info.restarts != s.restarts {
+                                changed.push(s.clone());
+                            }
+                            info.update(s);
+                        }
+                    }
                 }
+                for s in changed {
+                    let key = s.server_key.clone();
+                    if s.state == McpServerState::Ready {
+                        mcp::wake(&self.shared, &session_id, &key, McpMsg::Status(s));
+                    } else if let Some(a) = self
+                        .shared
+                        .mcp_channels
+                        .get(&(session_id.clone(), key))
+                        .map(|a| a.clone())
+                    {
+                        let _ = a.send_message(McpMsg::Status(s));
+                    }
+                }
+                let mut mcp_servers = p.mcp_servers;
+                mcp_servers.truncate(super::super::api::mcp::MAX_MCP_SERVERS);
                 self.shared.emit(HarnessEvent::SessionStatus {
                     session_id,
                     status: p.status,
                     detail: p.detail,
+                    mcp_servers,
                 });
             }
             Method::ToolResult => {

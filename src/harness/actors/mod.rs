@@ -5,6 +5,9 @@
 //! ├── leases           the lease table, the executors registry (4004 rule),
 //! │                    the platform's view of sessions, tool-call waiters,
 //! │                    the 4008 / lease-expiry timer
+//! ├── mcp              dynamic supervisor
+//! │   └── <session>/<serverKey>  temporary, one per MCP channel: client
+//! │                    sessions, id map, progress routing, tool list
 //! └── connections      dynamic supervisor
 //!     └── connection <n>  temporary, one per executor connection: register,
 //!                      heartbeat, token refresh; forwards session frames
@@ -16,4 +19,5 @@
 
 pub mod connection;
 pub mod leases;
+pub mod mcp;
 pub mod root;

@@ -1,11 +1,16 @@
-//! The harness's root supervisor: the leases actor, then the dynamic
-//! supervisor of the executor connections.
+//! The harness's root supervisor: the leases actor, the dynamic supervisor
+//! of the MCP channels, then the dynamic supervisor of the executor
+//! connections (stopped first, in reverse order).
 //!
 //! `leases` is `permanent`: if it fails it is started again at once, and
 //! its `pre_start` rebuilds the lease table, the session views and the
 //! timer from what outlives it (the [`LeaseStore`] and [`Shared`]'s maps),
 //! then makes [`Shared::leases`] name it. Callers that found the old actor
 //! gone wait for the new one ([`Shared::send_leases`]).
+//!
+//! `mcp` holds one `temporary` child per MCP channel (session × server),
+//! started on first use (an HTTP client, or the server becoming ready) and
+//! stopped when its session ends.
 //!
 //! `connections` holds one `temporary` child per executor connection, with
 //! the connection id as child id. A failed connection actor is not
@@ -65,10 +70,29 @@ pub async fn start(
         }
     })
     .shutdown_timeout(Duration::from_secs(5));
+    let max_channels = shared.config.mcp_max_channels;
+    let weak = Arc::downgrade(&shared);
+    let mcp = ChildSpec::new("mcp", Restart::Permanent, move |sup: ActorCell| {
+        let weak = weak.clone();
+        async move {
+            // Channel actors are temporary: one that fails has answered
+            // nothing it held (its ports drop, the HTTP side answers them
+            // with an error) and the next use starts a fresh one.
+            let spec = DynamicSpec::new("mcp").max_children(max_channels);
+            let mcp = DynamicSupervisor::start_linked(spec, sup)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(s) = weak.upgrade() {
+                s.set_mcp(mcp.clone());
+            }
+            Ok(mcp.get_cell())
+        }
+    })
+    .shutdown_timeout(Duration::from_secs(5));
     Supervisor::start(SupervisorSpec {
         strategy: Strategy::OneForOne,
         intensity: Some(INTENSITY),
-        children: vec![leases, connections],
+        children: vec![leases, mcp, connections],
     })
     .await
 }

@@ -8,7 +8,7 @@ use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
 use crate::harness::types::{SessionInfo, SessionState};
 use crate::wire::types::{
-    Accepted, AssignParams, AssignResult, JsonMap, LeaseGrant, ProcessListResult,
+    Accepted, AssignParams, AssignResult, JsonMap, LeaseGrant, McpServerSpec, ProcessListResult,
     ProcessReadParams, ProcessReadResult, ProcessRefParams, ProcessStartParams, ProcessState,
     ProcessTerminateParams, ProcessWriteParams, SessionRefParams, StopParams, StopResult, Stream,
     ToolCallParams, ToolResultParams,
@@ -31,6 +31,11 @@ pub struct CreateSession {
     pub session_id: Option<String>,
     #[serde(default)]
     pub metadata: JsonMap,
+    /// MCP servers of the session (PROTOCOL.md §9), sent in
+    /// `session.assign`; checked by [`super::mcp::validate_specs`].
+    /// `secretEnv` values go to the executor only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp_servers: Vec<McpServerSpec>,
 }
 
 /// A tool call (`POST /v1/sessions/{id}/tools`).
@@ -132,10 +137,17 @@ impl Sessions {
     /// once the executor accepted it.
     pub async fn create(&self, req: CreateSession) -> Result<Session, ApiError> {
         let shared = &self.shared;
+        super::mcp::validate_specs(&req.mcp_servers)?;
+        let mcp_info = req
+            .mcp_servers
+            .iter()
+            .map(super::mcp::McpServerInfo::from_spec)
+            .collect();
         let a = ask(shared, |reply| LeasesMsg::Assign {
             session_id: req.session_id,
             executor_id: req.executor_id,
             metadata: req.metadata.clone(),
+            mcp_servers: mcp_info,
             reply,
         })
         .await??;
@@ -151,7 +163,7 @@ impl Sessions {
                 fencing_token: token,
             },
             deadline_ms: None,
-            mcp_servers: Vec::new(),
+            mcp_servers: req.mcp_servers,
             metadata: req.metadata,
             resources: Vec::new(),
         };

@@ -1,6 +1,7 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
 pub mod listener;
+pub mod mcp;
 pub mod openapi;
 pub mod relay;
 
@@ -69,6 +70,11 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             post(terminate),
         )
         .route("/v1/sessions/{id}/tools", post(call_tool))
+        .route("/v1/sessions/{id}/mcp", get(mcp::list))
+        .route(
+            "/v1/sessions/{id}/mcp/{serverKey}",
+            post(mcp::post).get(mcp::get).delete(mcp::delete),
+        )
         .route(
             "/v1/executors/{id}/terminals",
             get(list_terminals).post(open_terminal),
