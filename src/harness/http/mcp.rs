@@ -268,6 +268,10 @@ pub(crate) async fn post(
     drop(bytes);
     let is_init =
         matches!(&message, ClientMessage::Request { method, .. } if method == "initialize");
+    let actor = match ensure_channel(&shared, &session_id, &server_key).await {
+        Ok(a) => a,
+        Err(e) => return from_api(e, &id),
+    };
     let client = match client_session(&headers) {
         Ok(c) => c,
         Err(()) => return endpoint_error(EndpointError::UnknownClient, &id),
@@ -282,10 +286,6 @@ pub(crate) async fn post(
             ),
         );
     }
-    let actor = match ensure_channel(&shared, &session_id, &server_key).await {
-        Ok(a) => a,
-        Err(e) => return from_api(e, &id),
-    };
     match message {
         ClientMessage::Request {
             id, method, body, ..
