@@ -421,3 +421,86 @@ async fn a_streamable_http_server() {
     rig.shutdown().await;
     let _ = server.kill().await;
 }
+
+/// `secretEnv` reaches the server and nothing else: not bmx's logs at
+/// trace level (the server prints it to stderr, which bmx logs at debug),
+/// not a frame the harness gets (statuses, errors), not bmx's command line.
+#[tokio::test]
+async fn secret_env_reaches_the_server_and_never_bmx_output() {
+    const SECRET: &str = "s3cret-VALUE-never-logged-8421";
+    let mut stand_in = stand_in(Options::default()).await;
+    let work = tempfile::tempdir().unwrap();
+    let log_path = work.path().join("bmx.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
+        .args(["executor", "--url", &stand_in.url, "--token", TOKEN])
+        .arg("--work-root")
+        .arg(work.path())
+        .env("RUST_LOG", "trace")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut conn = stand_in.next_conn().await;
+    conn.register(10_000, 30_000).await;
+    let (conn, mut events) = conn.serve();
+    let mut spec = stdio("sec", "mcp-server-everything", &[], &[]);
+    spec.transport.command = Some("sh".into());
+    spec.transport.args = Some(vec![
+        "-c".into(),
+        format!(
+            "echo \"the secret is $MCP_SECRET\" >&2; exec {}",
+            peer("mcp-server-everything")
+        ),
+    ]);
+    spec.transport.secret_env = Some(BTreeMap::from([("MCP_SECRET".to_owned(), SECRET.to_owned())]));
+    let mut p = assign_params("z", 1);
+    p.mcp_servers = vec![spec];
+    let _: AssignResult = conn.call(Method::SessionAssign, &p).await.unwrap();
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !seen.iter().any(|(m, _): &(String, Value)| m == "session.ready") {
+        let e = tokio::time::timeout_at(deadline, events.recv()).await.unwrap().unwrap();
+        seen.push(e);
+    }
+    let servers = pids_with_env(SECRET);
+    assert_eq!(servers.len(), 1, "the server (and only it) has the secret");
+    assert_ne!(servers[0] as u32, child.id().unwrap());
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id().unwrap())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains(SECRET));
+    let _: McpOpenResult = conn
+        .call(Method::McpOpen, &McpOpenParams { session_id: "z".into(), server_key: "sec".into() })
+        .await
+        .unwrap();
+    // A crash: the stderr tail goes into lastError and the log.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(servers[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let e = tokio::time::timeout_at(deadline, events.recv()).await.unwrap().unwrap();
+        let restarted = e.0 == "session.status" && e.1["mcpServers"][0]["restarts"] == 1
+            && e.1["mcpServers"][0]["state"] == "ready";
+        seen.push(e);
+        if restarted {
+            break;
+        }
+    }
+    let _: StopResult = conn
+        .call(Method::SessionStop, &StopParams { session_id: "z".into(), reason: "done".into(), deadline_ms: Some(2_000), keep_workspace: false })
+        .await
+        .unwrap();
+    eventually("server gone", || pids_with_env(SECRET).is_empty()).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    let logged = std::fs::read_to_string(&log_path).unwrap();
+    assert!(logged.contains("mcp server stderr"), "the server's stderr is logged at debug");
+    assert!(logged.contains("<redacted>"), "and the secret in it is redacted");
+    assert!(!logged.contains(SECRET), "the secret is in bmx's log");
+    for (m, v) in &seen {
+        assert!(!v.to_string().contains(SECRET), "{m} carries the secret");
+    }
+}
