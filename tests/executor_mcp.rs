@@ -163,7 +163,14 @@ async fn frame(rig: &mut Rig, key: &str, pred: impl Fn(&Value) -> bool) -> Value
     }
 }
 
-async fn request(rig: &mut Rig, session: &str, key: &str, id: Value, method: &str, params: Value) -> Value {
+async fn request(
+    rig: &mut Rig,
+    session: &str,
+    key: &str,
+    id: Value,
+    method: &str,
+    params: Value,
+) -> Value {
     send(
         rig,
         session,
@@ -189,7 +196,12 @@ async fn a_stdio_server_initializes_lists_and_calls_echo() {
     assign(
         &rig,
         "s",
-        vec![stdio("ev", "mcp-server-everything", &[], &[("MCP_MARK", &mark)])],
+        vec![stdio(
+            "ev",
+            "mcp-server-everything",
+            &[],
+            &[("MCP_MARK", &mark)],
+        )],
     )
     .await;
     let servers = ready(&mut rig, "s").await;
@@ -199,11 +211,24 @@ async fn a_stdio_server_initializes_lists_and_calls_echo() {
     assert!(open(&rig, "s", "ev").await.unwrap().opened);
 
     // A client's initialize is answered from the server's own result.
-    let init = request(&mut rig, "s", "ev", json!(1), "initialize", json!({
+    let init = request(
+        &mut rig,
+        "s",
+        "ev",
+        json!(1),
+        "initialize",
+        json!({
         "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"}})).await;
+        "clientInfo": {"name": "t", "version": "1"}}),
+    )
+    .await;
     assert!(init["result"]["serverInfo"]["name"].is_string(), "{init}");
-    send(&rig, "s", "ev", json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        &rig,
+        "s",
+        "ev",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
 
     let list = request(&mut rig, "s", "ev", json!("two"), "tools/list", json!({})).await;
     let tools: Vec<&str> = list["result"]["tools"]
@@ -223,7 +248,15 @@ async fn a_stdio_server_initializes_lists_and_calls_echo() {
     let e = frame(&mut rig, "ev", |p| p["error"]["code"] == -32700).await;
     assert_eq!(e["id"], Value::Null);
     // The executor's own ids are reserved.
-    let e = request(&mut rig, "s", "ev", json!("bmx:mine"), "tools/list", json!({})).await;
+    let e = request(
+        &mut rig,
+        "s",
+        "ev",
+        json!("bmx:mine"),
+        "tools/list",
+        json!({}),
+    )
+    .await;
     assert_eq!(e["error"]["data"]["reason"], "reserved_id");
 
     // Unknown server: -32014.
@@ -266,21 +299,52 @@ async fn progress_notifications_and_a_filesystem_server_in_the_workspace() {
     )
     .await;
     let servers = ready(&mut rig, "f").await;
-    assert!(servers.iter().all(|s| s.state == McpServerState::Ready), "{servers:?}");
+    assert!(
+        servers.iter().all(|s| s.state == McpServerState::Ready),
+        "{servers:?}"
+    );
     open(&rig, "f", "ev").await.unwrap();
     open(&rig, "f", "fs").await.unwrap();
 
     let path = ws.join("note.txt");
-    let r = request(&mut rig, "f", "fs", json!(1), "tools/call",
-        json!({"name": "read_text_file", "arguments": {"path": path}})).await;
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("inside the workspace"), "{r}");
-    let r = request(&mut rig, "f", "fs", json!(2), "tools/call",
-        json!({"name": "read_text_file", "arguments": {"path": "/etc/hostname"}})).await;
-    assert!(r["result"]["isError"] == true || r["error"].is_object(), "outside the root: {r}");
+    let r = request(
+        &mut rig,
+        "f",
+        "fs",
+        json!(1),
+        "tools/call",
+        json!({"name": "read_text_file", "arguments": {"path": path}}),
+    )
+    .await;
+    assert!(
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("inside the workspace"),
+        "{r}"
+    );
+    let r = request(
+        &mut rig,
+        "f",
+        "fs",
+        json!(2),
+        "tools/call",
+        json!({"name": "read_text_file", "arguments": {"path": "/etc/hostname"}}),
+    )
+    .await;
+    assert!(
+        r["result"]["isError"] == true || r["error"].is_object(),
+        "outside the root: {r}"
+    );
 
-    send(&rig, "f", "ev", json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+    send(
+        &rig,
+        "f",
+        "ev",
+        json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
         "name": "trigger-long-running-operation", "arguments": {"duration": 1, "steps": 3},
-        "_meta": {"progressToken": "tok-9"}}}));
+        "_meta": {"progressToken": "tok-9"}}}),
+    );
     let p = frame(&mut rig, "ev", |p| p["method"] == "notifications/progress").await;
     assert_eq!(p["params"]["progressToken"], "tok-9");
     let done = frame(&mut rig, "ev", |p| p["id"] == 9).await;
@@ -302,18 +366,30 @@ async fn a_killed_server_answers_in_flight_restarts_then_runs_out_of_budget() {
     open(&rig, "k", "ev").await.unwrap();
 
     // A request in flight when the server dies gets an error.
-    send(&rig, "k", "ev", json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {
-        "name": "trigger-long-running-operation", "arguments": {"duration": 20, "steps": 2}}}));
+    send(
+        &rig,
+        "k",
+        "ev",
+        json!({"jsonrpc": "2.0", "id": "slow", "method": "tools/call", "params": {
+        "name": "trigger-long-running-operation", "arguments": {"duration": 20, "steps": 2}}}),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let pids = pids_with_env(&mark);
     assert_eq!(pids.len(), 1);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     let e = frame(&mut rig, "ev", |p| p["id"] == "slow").await;
     assert_eq!(e["error"]["code"], -32603, "{e}");
     assert_eq!(e["error"]["message"], "server restarted");
 
     // Restarted: ready again, a new process, answers as before.
-    let s = status_until(&mut rig, "ev", |s| s.state == McpServerState::Ready && s.restarts == 1).await;
+    let s = status_until(&mut rig, "ev", |s| {
+        s.state == McpServerState::Ready && s.restarts == 1
+    })
+    .await;
     assert!(s.last_error.is_some());
     let again = pids_with_env(&mark);
     assert_eq!(again.len(), 1);
@@ -323,7 +399,11 @@ async fn a_killed_server_answers_in_flight_restarts_then_runs_out_of_budget() {
     assert_eq!(r["result"]["content"][0]["text"], "Echo: back");
 
     // Past the budget: unavailable, and every request gets an MCP error.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(again[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(again[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     let s = status_until(&mut rig, "ev", |s| s.state == McpServerState::Unavailable).await;
     assert_eq!(s.reason.as_deref(), Some("restart_budget_exhausted"));
     let (id, m, p) = echo(3, "gone");
@@ -347,7 +427,12 @@ async fn a_sha256_pin_is_checked_and_a_failed_server_never_blocks_ready() {
     bad.transport.command_sha256 = Some("00".repeat(32));
     let mut missing = stdio("missing", "mcp-server-everything", &[], &[]);
     missing.transport.command = Some("/nonexistent/mcp-server".into());
-    let mut exits = stdio("exits", "mcp-server-everything", &["no-such-transport"], &[]);
+    let mut exits = stdio(
+        "exits",
+        "mcp-server-everything",
+        &["no-such-transport"],
+        &[],
+    );
     exits.transport.command = Some(peer("mcp-server-everything"));
     assign(&rig, "p", vec![good, bad, missing, exits]).await;
     let servers: BTreeMap<String, McpServerStatus> = ready(&mut rig, "p")
@@ -357,10 +442,16 @@ async fn a_sha256_pin_is_checked_and_a_failed_server_never_blocks_ready() {
         .collect();
     assert_eq!(servers["good"].state, McpServerState::Ready, "{servers:?}");
     assert_eq!(servers["bad"].state, McpServerState::Unavailable);
-    assert_eq!(servers["bad"].reason.as_deref(), Some("command_sha256_mismatch"));
+    assert_eq!(
+        servers["bad"].reason.as_deref(),
+        Some("command_sha256_mismatch")
+    );
     assert_eq!(servers["missing"].state, McpServerState::Unavailable);
     assert_eq!(servers["exits"].state, McpServerState::Unavailable);
-    assert_eq!(servers["exits"].reason.as_deref(), Some("initialize_failed"));
+    assert_eq!(
+        servers["exits"].reason.as_deref(),
+        Some("initialize_failed")
+    );
     assert_eq!(servers["exits"].restarts, 0);
     let e = open(&rig, "p", "bad").await.unwrap_err();
     assert_eq!(e.reason(), Some("command_sha256_mismatch"));
@@ -383,8 +474,14 @@ async fn a_streamable_http_server() {
         .unwrap();
     // Up when it accepts.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "http server did not start");
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "http server did not start"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut rig = Rig::start(Options::default()).await;
@@ -411,9 +508,14 @@ async fn a_streamable_http_server() {
     let (id, m, p) = echo(1, "over http");
     let r = request(&mut rig, "h", "web", id, m, p).await;
     assert_eq!(r["result"]["content"][0]["text"], "Echo: over http");
-    send(&rig, "h", "web", json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+    send(
+        &rig,
+        "h",
+        "web",
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "trigger-long-running-operation", "arguments": {"duration": 1, "steps": 2},
-        "_meta": {"progressToken": 77}}}));
+        "_meta": {"progressToken": 77}}}),
+    );
     let p = frame(&mut rig, "web", |p| p["method"] == "notifications/progress").await;
     assert_eq!(p["params"]["progressToken"], 77);
     let done = frame(&mut rig, "web", |p| p["id"] == 2).await;
@@ -454,14 +556,23 @@ async fn secret_env_reaches_the_server_and_never_bmx_output() {
             peer("mcp-server-everything")
         ),
     ]);
-    spec.transport.secret_env = Some(BTreeMap::from([("MCP_SECRET".to_owned(), SECRET.to_owned())]));
+    spec.transport.secret_env = Some(BTreeMap::from([(
+        "MCP_SECRET".to_owned(),
+        SECRET.to_owned(),
+    )]));
     let mut p = assign_params("z", 1);
     p.mcp_servers = vec![spec];
     let _: AssignResult = conn.call(Method::SessionAssign, &p).await.unwrap();
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !seen.iter().any(|(m, _): &(String, Value)| m == "session.ready") {
-        let e = tokio::time::timeout_at(deadline, events.recv()).await.unwrap().unwrap();
+    while !seen
+        .iter()
+        .any(|(m, _): &(String, Value)| m == "session.ready")
+    {
+        let e = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
         seen.push(e);
     }
     let servers = pids_with_env(SECRET);
@@ -470,15 +581,29 @@ async fn secret_env_reaches_the_server_and_never_bmx_output() {
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id().unwrap())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains(SECRET));
     let _: McpOpenResult = conn
-        .call(Method::McpOpen, &McpOpenParams { session_id: "z".into(), server_key: "sec".into() })
+        .call(
+            Method::McpOpen,
+            &McpOpenParams {
+                session_id: "z".into(),
+                server_key: "sec".into(),
+            },
+        )
         .await
         .unwrap();
     // A crash: the stderr tail goes into lastError and the log.
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(servers[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(servers[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let e = tokio::time::timeout_at(deadline, events.recv()).await.unwrap().unwrap();
-        let restarted = e.0 == "session.status" && e.1["mcpServers"][0]["restarts"] == 1
+        let e = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let restarted = e.0 == "session.status"
+            && e.1["mcpServers"][0]["restarts"] == 1
             && e.1["mcpServers"][0]["state"] == "ready";
         seen.push(e);
         if restarted {
@@ -486,7 +611,15 @@ async fn secret_env_reaches_the_server_and_never_bmx_output() {
         }
     }
     let _: StopResult = conn
-        .call(Method::SessionStop, &StopParams { session_id: "z".into(), reason: "done".into(), deadline_ms: Some(2_000), keep_workspace: false })
+        .call(
+            Method::SessionStop,
+            &StopParams {
+                session_id: "z".into(),
+                reason: "done".into(),
+                deadline_ms: Some(2_000),
+                keep_workspace: false,
+            },
+        )
         .await
         .unwrap();
     eventually("server gone", || pids_with_env(SECRET).is_empty()).await;
@@ -497,8 +630,14 @@ async fn secret_env_reaches_the_server_and_never_bmx_output() {
     .unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
     let logged = std::fs::read_to_string(&log_path).unwrap();
-    assert!(logged.contains("mcp server stderr"), "the server's stderr is logged at debug");
-    assert!(logged.contains("<redacted>"), "and the secret in it is redacted");
+    assert!(
+        logged.contains("mcp server stderr"),
+        "the server's stderr is logged at debug"
+    );
+    assert!(
+        logged.contains("<redacted>"),
+        "and the secret in it is redacted"
+    );
     assert!(!logged.contains(SECRET), "the secret is in bmx's log");
     for (m, v) in &seen {
         assert!(!v.to_string().contains(SECRET), "{m} carries the secret");

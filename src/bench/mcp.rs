@@ -125,7 +125,9 @@ impl Direct {
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
                 if let Some(id) = v["id"].as_u64() {
                     if let Some(tx) = w.lock().ok().and_then(|mut m| m.remove(&id)) {
                         let _ = tx.send(());
@@ -160,7 +162,10 @@ impl Direct {
 
     async fn call(&self, id: u64, msg: String) -> Result<(), String> {
         let (tx, rx) = oneshot::channel();
-        self.waiting.lock().map_err(|e| e.to_string())?.insert(id, tx);
+        self.waiting
+            .lock()
+            .map_err(|e| e.to_string())?
+            .insert(id, tx);
         self.write(msg).await?;
         tokio::time::timeout(Duration::from_secs(30), rx)
             .await
@@ -200,7 +205,10 @@ impl Proxied {
             .is_some_and(|c| c.starts_with("text/event-stream"));
         let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
-            return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)));
+            return Err(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            ));
         }
         let messages = if sse {
             SseReader::new(16 << 20)
@@ -219,7 +227,10 @@ impl Proxied {
 
     async fn call(&self, id: u64) -> Result<(), String> {
         let (_, messages) = self.post(echo(id)).await?;
-        if messages.iter().any(|m| m["id"] == id && m["result"].is_object()) {
+        if messages
+            .iter()
+            .any(|m| m["id"] == id && m["result"].is_object())
+        {
             Ok(())
         } else {
             Err(format!("call {id}: {messages:?}"))
@@ -305,10 +316,12 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
     if !created.status().is_success() {
         return Err(format!("create session: HTTP {}", created.status()));
     }
-    let created: Value =
-        serde_json::from_slice(&created.bytes().await.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    let session = created["sessionId"].as_str().ok_or("no sessionId")?.to_owned();
+    let created: Value = serde_json::from_slice(&created.bytes().await.map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let session = created["sessionId"]
+        .as_str()
+        .ok_or("no sessionId")?
+        .to_owned();
     let mut proxied = Proxied {
         http,
         url: format!("{base}/v1/sessions/{session}/mcp/ev"),

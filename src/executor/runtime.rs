@@ -91,7 +91,7 @@ impl Shared {
             }),
             shell: Some(ShellCapability { enabled: true }),
             terminal: crate::executor::actors::terminals::capability(self),
-            mcp: (self.config.mcp_max_servers > 0).then(|| McpCapability {
+            mcp: (self.config.mcp_max_servers > 0).then_some(McpCapability {
                 stdio: true,
                 http: true,
                 max_servers: Some(self.config.mcp_max_servers),

@@ -91,7 +91,9 @@ pub fn parse(payload: &str) -> Result<Envelope, McpError> {
     let id = match wire.id {
         Some(raw) => {
             let text = raw.get();
-            if !(text.starts_with('"') || text.starts_with('-') || text.as_bytes()[0].is_ascii_digit())
+            if !(text.starts_with('"')
+                || text.starts_with('-')
+                || text.as_bytes()[0].is_ascii_digit())
             {
                 return Err(invalid("null", "id must be a string or a number"));
             }
@@ -103,7 +105,11 @@ pub fn parse(payload: &str) -> Result<Envelope, McpError> {
     if wire.jsonrpc.as_deref() != Some("2.0") {
         return Err(invalid(&id_text, "jsonrpc must be \"2.0\""));
     }
-    let kind = match (wire.method, id, wire.result.is_some() || wire.error.is_some()) {
+    let kind = match (
+        wire.method,
+        id,
+        wire.result.is_some() || wire.error.is_some(),
+    ) {
         (Some(method), Some(id), false) => Kind::Request {
             id,
             method: method.into_owned(),

@@ -124,7 +124,9 @@ impl Relay {
             Err(e) => return vec![Out::ToClient(e.response())],
         };
         let error = |id: &str, code: i64, msg: &str, reason: &str| {
-            vec![Out::ToClient(message::error_response(id, code, msg, reason))]
+            vec![Out::ToClient(message::error_response(
+                id, code, msg, reason,
+            ))]
         };
         match env.kind {
             Kind::Request { id, method } => {
@@ -147,7 +149,12 @@ impl Relay {
                         )
                     }
                     Phase::Closed => {
-                        return error(&id, code::INTERNAL_ERROR, "server restarted", "server_crashed")
+                        return error(
+                            &id,
+                            code::INTERNAL_ERROR,
+                            "server restarted",
+                            "server_crashed",
+                        )
                     }
                 }
                 if method == "initialize" {
@@ -370,7 +377,9 @@ mod tests {
     }
 
     fn error_of(out: &Out) -> (String, i64, String) {
-        let Out::ToClient(s) = out else { panic!("{out:?}") };
+        let Out::ToClient(s) = out else {
+            panic!("{out:?}")
+        };
         let v: serde_json::Value = serde_json::from_str(s).unwrap();
         (
             v["id"].to_string(),
@@ -389,7 +398,10 @@ mod tests {
         let early = r#"{"method":"notifications/tools/list_changed","jsonrpc":"2.0"}"#;
         assert!(matches!(r.from_server(early)[..], [Out::Dropped(_)]));
         let (_, code, reason) = error_of(&r.from_client(&req("1"), Duration::ZERO)[0]);
-        assert_eq!((code, reason.as_str()), (code::INTERNAL_ERROR, "server_starting"));
+        assert_eq!(
+            (code, reason.as_str()),
+            (code::INTERNAL_ERROR, "server_starting")
+        );
         let out = r.from_server(INIT_OK);
         assert!(matches!(&out[0], Out::ToServer(s) if s.contains("notifications/initialized")));
         let out = r.from_client(
@@ -401,7 +413,10 @@ mod tests {
         assert_eq!(v["id"], 7);
         assert_eq!(v["result"]["serverInfo"]["name"], "s");
         let again = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-        assert!(matches!(r.from_client(again, Duration::ZERO)[..], [Out::Dropped(_)]));
+        assert!(matches!(
+            r.from_client(again, Duration::ZERO)[..],
+            [Out::Dropped(_)]
+        ));
     }
 
     #[test]
@@ -423,10 +438,22 @@ mod tests {
             request_timeout: None,
         });
         r.from_server(INIT_OK);
-        assert_eq!(error_of(&r.from_client(&req("\"bmx:x\""), Duration::ZERO)[0]).2, "reserved_id");
-        assert!(matches!(r.from_client(&req("1"), Duration::ZERO)[..], [Out::ToServer(_)]));
-        assert_eq!(error_of(&r.from_client(&req("1"), Duration::ZERO)[0]).2, "duplicate_id");
-        assert_eq!(error_of(&r.from_client(&req("2"), Duration::ZERO)[0]).2, "busy");
+        assert_eq!(
+            error_of(&r.from_client(&req("\"bmx:x\""), Duration::ZERO)[0]).2,
+            "reserved_id"
+        );
+        assert!(matches!(
+            r.from_client(&req("1"), Duration::ZERO)[..],
+            [Out::ToServer(_)]
+        ));
+        assert_eq!(
+            error_of(&r.from_client(&req("1"), Duration::ZERO)[0]).2,
+            "duplicate_id"
+        );
+        assert_eq!(
+            error_of(&r.from_client(&req("2"), Duration::ZERO)[0]).2,
+            "busy"
+        );
         // "1" and 1 are different ids.
         assert_eq!(r.from_server(&answer("\"1\"")).len(), 1);
         assert_eq!(r.in_flight(), 1);
@@ -436,7 +463,12 @@ mod tests {
     fn server_requests_are_answered_by_the_executor() {
         let mut r = ready();
         let out = r.from_server(r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#);
-        assert_eq!(out, vec![Out::ToServer(r#"{"jsonrpc":"2.0","id":5,"result":{}}"#.into())]);
+        assert_eq!(
+            out,
+            vec![Out::ToServer(
+                r#"{"jsonrpc":"2.0","id":5,"result":{}}"#.into()
+            )]
+        );
         let out = r.from_server(r#"{"jsonrpc":"2.0","id":6,"method":"sampling/createMessage"}"#);
         assert!(matches!(&out[0], Out::ToServer(s) if s.contains("-32601")));
     }
@@ -453,9 +485,15 @@ mod tests {
         assert_eq!(r.next_deadline(), Some(Duration::from_secs(1)));
         let out = r.expire(Duration::from_millis(1000));
         assert_eq!(out.len(), 1);
-        assert_eq!(error_of(&out[0]), ("1".into(), code::TIMEOUT, "timeout".into()));
+        assert_eq!(
+            error_of(&out[0]),
+            ("1".into(), code::TIMEOUT, "timeout".into())
+        );
         // A late answer still passes through (the harness drops it).
-        assert!(matches!(r.from_server(&answer("1"))[..], [Out::ToClient(_)]));
+        assert!(matches!(
+            r.from_server(&answer("1"))[..],
+            [Out::ToClient(_)]
+        ));
     }
 
     #[derive(Debug, Clone)]

@@ -18,10 +18,10 @@ use super::error::RpcError;
 use super::frame::Inbound;
 use super::method::{Method, Owner};
 use super::types::{
-    AssignParams, DrainParams, McpCloseParams, McpFrameParams, McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams,
-    ProcessTerminateParams, ProcessWriteParams, SessionRefParams, StopParams, TerminalAttachParams,
-    TerminalCloseParams, TerminalInputParams, TerminalOpenParams, TerminalResizeParams,
-    ToolCallParams, ToolCancelParams,
+    AssignParams, DrainParams, McpCloseParams, McpFrameParams, McpOpenParams, ProcessReadParams,
+    ProcessRefParams, ProcessStartParams, ProcessTerminateParams, ProcessWriteParams,
+    SessionRefParams, StopParams, TerminalAttachParams, TerminalCloseParams, TerminalInputParams,
+    TerminalOpenParams, TerminalResizeParams, ToolCallParams, ToolCancelParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field

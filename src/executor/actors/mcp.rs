@@ -82,12 +82,15 @@ pub struct McpState {
 
 impl McpState {
     fn report(&self, state: McpServerState, reason: Option<&str>, error: Option<String>) {
-        let _ = self.args.session.send_message(SessionMsg::McpChanged(McpChange {
-            key: self.args.key.clone(),
-            state,
-            reason: reason.map(str::to_owned),
-            last_error: error,
-        }));
+        let _ = self
+            .args
+            .session
+            .send_message(SessionMsg::McpChanged(McpChange {
+                key: self.args.key.clone(),
+                state,
+                reason: reason.map(str::to_owned),
+                last_error: error,
+            }));
     }
 
     fn to_client(&self, payload: String) {
@@ -125,7 +128,9 @@ impl McpState {
                 }
                 Out::Initialized => self.initialized(),
                 Out::InitFailed(why) => return Err(why),
-                Out::Dropped(why) => tracing::trace!(server = %self.args.key, why, "mcp message not relayed"),
+                Out::Dropped(why) => {
+                    tracing::trace!(server = %self.args.key, why, "mcp message not relayed")
+                }
             }
         }
         self.arm_expiry(myself);
@@ -181,7 +186,11 @@ impl McpState {
         let why = crate::executor::mcp::redact(&why, &self.args.secrets);
         tracing::warn!(session = %self.args.session_id, server = %self.args.key, error = %why, "mcp server failed to start");
         self.gone(myself, "server unavailable", "unavailable");
-        self.report(McpServerState::Unavailable, Some("initialize_failed"), Some(why));
+        self.report(
+            McpServerState::Unavailable,
+            Some("initialize_failed"),
+            Some(why),
+        );
         myself.stop(Some("normal".into()));
     }
 

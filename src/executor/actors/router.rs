@@ -11,7 +11,8 @@ use super::sessions::SessionsMsg;
 use super::terminals::TerminalsMsg;
 use crate::executor::Shared;
 use crate::wire::request::{
-    self, ConnectionRequest, McpRequest, ProcessRequest, SessionRequest, SessionsRequest, TerminalRequest,
+    self, ConnectionRequest, McpRequest, ProcessRequest, SessionRequest, SessionsRequest,
+    TerminalRequest,
 };
 use crate::wire::{Dispatch, Inbound, Method, Request, Responder, RpcError, Version};
 use ractor::ActorRef;

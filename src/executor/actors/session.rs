@@ -17,17 +17,15 @@
 
 use super::mcp::{McpArgs, McpChange, McpServer};
 use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
-use crate::executor::mcp::launch;
-use crate::supervisor::Restart;
-use crate::wire::request::McpRequest;
-use crate::wire::types::{ConnectionOrigin, McpServerSpec, McpServerState, McpServerStatus};
-use std::collections::BTreeMap;
 use super::sessions::SessionsMsg;
 use super::tool::{ToolActor, ToolArgs, ToolMsg};
+use crate::executor::mcp::launch;
 use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
 use crate::supervisor::children::{Children, Decision};
+use crate::supervisor::Restart;
 use crate::supervisor::{ChildExit, ChildSpec, Exit};
+use crate::wire::request::McpRequest;
 use crate::wire::request::ProcessRequest;
 use crate::wire::types::Accepted;
 use crate::wire::types::{
@@ -35,9 +33,11 @@ use crate::wire::types::{
     ProcessStatusParams, ReadyParams, SessionStatus, StatusParams, StopResult, ToolCallParams,
     ToolCancelResult, ToolResultParams,
 };
+use crate::wire::types::{ConnectionOrigin, McpServerSpec, McpServerState, McpServerStatus};
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -80,7 +80,10 @@ pub enum SessionMsg {
     /// unavailable, or between two lives.
     Mcp(McpRequest, Option<Responder>),
     /// A restart of a supervised child is due (after its backoff).
-    RestartChild { id: String, generation: u64 },
+    RestartChild {
+        id: String,
+        generation: u64,
+    },
     /// Test hook: panic in the handler (`None`), or make one child panic.
     #[doc(hidden)]
     Panic(Option<SessionChild>),
@@ -377,7 +380,11 @@ impl SessionState {
     fn mcp_refused(&self, request: McpRequest, reply: Option<Responder>) {
         let key = request.server_key().to_owned();
         let (reason, message, retryable) = match self.mcp.get(&key).map(|e| &e.status) {
-            None => ("unknown_server", format!("no MCP server {key:?} in this session"), false),
+            None => (
+                "unknown_server",
+                format!("no MCP server {key:?} in this session"),
+                false,
+            ),
             Some(s) if s.state == McpServerState::Unavailable => (
                 "unavailable",
                 format!(
@@ -386,7 +393,11 @@ impl SessionState {
                 ),
                 false,
             ),
-            Some(_) => ("restarting", format!("MCP server {key:?} is restarting"), true),
+            Some(_) => (
+                "restarting",
+                format!("MCP server {key:?} is restarting"),
+                true,
+            ),
         };
         let reason = match self.mcp.get(&key).and_then(|e| e.status.reason.as_deref()) {
             Some(r) if reason == "unavailable" => r.to_owned(),
@@ -424,9 +435,9 @@ impl SessionState {
                     }
                 }
             }
-            (_, Some(r)) => r.err(
-                super::mcp::unavailable(&reason, &message).with_retryable(retryable),
-            ),
+            (_, Some(r)) => {
+                r.err(super::mcp::unavailable(&reason, &message).with_retryable(retryable))
+            }
             (_, None) => {}
         }
     }
@@ -819,7 +830,10 @@ impl Actor for Session {
             } else if mcp.len() >= args.shared.config.mcp_max_servers as usize {
                 (McpServerState::Unavailable, Some("max_servers"))
             } else if spec.connection_origin == ConnectionOrigin::Service {
-                (McpServerState::Unavailable, Some("service_origin_unsupported"))
+                (
+                    McpServerState::Unavailable,
+                    Some("service_origin_unsupported"),
+                )
             } else {
                 (McpServerState::Starting, None)
             };

@@ -88,7 +88,9 @@ impl Http {
                     Some(id) => (inner.sink)(ServerEvent::Message(message::error_response(
                         &id, code, &text, reason,
                     ))),
-                    None => tracing::warn!(error = %text, "mcp http: a notification was not delivered"),
+                    None => {
+                        tracing::warn!(error = %text, "mcp http: a notification was not delivered")
+                    }
                 }
             }
         });
@@ -142,7 +144,10 @@ impl Inner {
         let req = self
             .headers(self.client.post(&self.url))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(reqwest::header::ACCEPT, "application/json, text/event-stream")
+            .header(
+                reqwest::header::ACCEPT,
+                "application/json, text/event-stream",
+            )
             .body(msg);
         let resp = req.send().await.map_err(|e| {
             (
@@ -153,15 +158,25 @@ impl Inner {
         })?;
         let status = resp.status();
         if is_init {
-            if let Some(s) = resp.headers().get(SESSION_HEADER).and_then(|v| v.to_str().ok()) {
+            if let Some(s) = resp
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
                 if let Ok(mut g) = self.session.lock() {
                     *g = Some(s.to_owned());
                 }
             }
         }
         if status == reqwest::StatusCode::NOT_FOUND && had_session {
-            (self.sink)(ServerEvent::Closed("the server ended its MCP session (404)".into()));
-            return Err((code::INTERNAL_ERROR, "server restarted".into(), "server_crashed"));
+            (self.sink)(ServerEvent::Closed(
+                "the server ended its MCP session (404)".into(),
+            ));
+            return Err((
+                code::INTERNAL_ERROR,
+                "server restarted".into(),
+                "server_crashed",
+            ));
         }
         if !status.is_success() {
             return Err((
@@ -190,7 +205,11 @@ impl Inner {
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| {
-                (code::INTERNAL_ERROR, format!("reading the answer: {}", without_url(&e)), "http_error")
+                (
+                    code::INTERNAL_ERROR,
+                    format!("reading the answer: {}", without_url(&e)),
+                    "http_error",
+                )
             })?;
             if body.len() + chunk.len() > self.max {
                 (self.sink)(ServerEvent::Oversized(None));
@@ -220,7 +239,11 @@ impl Inner {
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| {
-                (code::INTERNAL_ERROR, format!("reading the stream: {}", without_url(&e)), "http_error")
+                (
+                    code::INTERNAL_ERROR,
+                    format!("reading the stream: {}", without_url(&e)),
+                    "http_error",
+                )
             })?;
             match reader.feed(&chunk) {
                 Ok(events) => events

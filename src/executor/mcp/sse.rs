@@ -69,7 +69,8 @@ mod tests {
 
     #[test]
     fn events_split_anywhere() {
-        let stream = b": comment\nevent: message\ndata: {\"a\":\ndata: 1}\r\n\r\nid: 4\ndata:{}\n\n";
+        let stream =
+            b": comment\nevent: message\ndata: {\"a\":\ndata: 1}\r\n\r\nid: 4\ndata:{}\n\n";
         for cut in 0..stream.len() {
             let mut r = SseReader::new(1024);
             let mut got = r.feed(&stream[..cut]).unwrap();

@@ -164,11 +164,8 @@ impl Stdio {
         let wait = |ms: u64, exited: &mut watch::Receiver<bool>| {
             let mut exited = exited.clone();
             async move {
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(ms),
-                    exited.wait_for(|e| *e),
-                )
-                .await;
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(ms), exited.wait_for(|e| *e)).await;
             }
         };
         wait(300, &mut exited).await;
@@ -177,8 +174,8 @@ impl Stdio {
             wait(1_500, &mut exited).await;
         }
         let (pid, scope) = (self.pid as i32, self.scope.clone());
-        let _ = tokio::task::spawn_blocking(move || sys::kill_tree(Some(pid), Some(pid), &scope))
-            .await;
+        let _ =
+            tokio::task::spawn_blocking(move || sys::kill_tree(Some(pid), Some(pid), &scope)).await;
         for t in self.tasks.drain(..) {
             t.abort();
         }
