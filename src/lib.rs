@@ -20,6 +20,7 @@ pub mod client;
 pub mod executor;
 pub mod harness;
 pub mod lease;
+pub mod mcp;
 pub mod process;
 pub mod supervisor;
 pub mod terminal;

@@ -55,6 +55,7 @@ fn the_cores_import_no_side() {
         "wire",
         "supervisor",
         "lease",
+        "mcp",
         "process",
         "terminal",
         "tools",

@@ -2,5 +2,6 @@
 //! same run and reports the ratio.
 
 pub mod buffering;
+pub mod mcp;
 pub mod peer;
 pub mod scale;

@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, scale};
+use crate::bench::{buffering, mcp, scale};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -41,6 +41,24 @@ pub enum BenchCommand {
         sessions: usize,
         #[arg(long, default_value_t = 10)]
         processes: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// MCP: tools/call echo through harness → executor → stdio server
+    /// against the same call straight to the server.
+    Mcp {
+        /// The stdio MCP server (it must offer `echo`).
+        #[arg(
+            long,
+            default_value = "tests/peers/node_modules/.bin/mcp-server-everything"
+        )]
+        command: std::path::PathBuf,
+        /// Calls per row.
+        #[arg(long, default_value_t = 2000)]
+        calls: usize,
+        /// Requests in flight, one row each.
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        in_flight: Vec<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -89,6 +107,32 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("bmx bench buffering: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        BenchCommand::Mcp {
+            command,
+            calls,
+            in_flight,
+            json,
+        } => {
+            let opts = mcp::McpOptions {
+                command,
+                calls: calls.max(1),
+                concurrency: in_flight.into_iter().filter(|&k| k > 0).collect(),
+            };
+            match mcp::run(&opts).await {
+                Ok(r) if json => {
+                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Ok(r) => {
+                    print!("{}", r.table());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("bmx bench mcp: {e}");
                     ExitCode::from(1)
                 }
             }

@@ -72,6 +72,12 @@ pub struct ExecutorConfig {
     pub terminal_window_bytes: usize,
     /// Between the SIGHUP of `terminal.close` and the SIGKILL of the tree.
     pub terminal_close_grace: Duration,
+    /// MCP servers one session may run (`mcp.maxServers`).
+    pub mcp_max_servers: u32,
+    /// Time an MCP server has to answer `initialize`.
+    pub mcp_init_timeout: Duration,
+    /// Restart budget of an MCP server when `session.assign` names none.
+    pub mcp_restart_budget: crate::supervisor::Intensity,
 }
 
 impl ExecutorConfig {
@@ -98,6 +104,12 @@ impl ExecutorConfig {
             terminal_scrollback_bytes: 1 << 20,
             terminal_window_bytes: 256 << 10,
             terminal_close_grace: Duration::from_secs(2),
+            mcp_max_servers: 16,
+            mcp_init_timeout: Duration::from_secs(30),
+            mcp_restart_budget: crate::supervisor::Intensity {
+                max_restarts: 3,
+                period: Duration::from_secs(60),
+            },
         }
     }
 }

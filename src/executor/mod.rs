@@ -14,6 +14,7 @@
 
 pub mod actors;
 pub mod config;
+pub mod mcp;
 pub mod outbox;
 pub mod runtime;
 pub mod stop;

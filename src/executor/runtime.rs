@@ -3,12 +3,13 @@
 //! facts, not business state: each actor owns its own.
 
 use super::ExecutorConfig;
+use crate::executor::actors::mcp::McpMsg;
 use crate::executor::actors::process::ProcessMsg;
 use crate::executor::actors::session::SessionMsg;
 use crate::executor::actors::sessions::SessionsMsg;
 use crate::executor::actors::terminals::TerminalsMsg;
 use crate::wire::types::{
-    Capabilities, FilesCapability, Limits, ProcessCapability, ShellCapability,
+    Capabilities, FilesCapability, Limits, McpCapability, ProcessCapability, ShellCapability,
 };
 use crate::wire::Link;
 use dashmap::DashMap;
@@ -31,6 +32,7 @@ pub struct Registration {
     pub lease_ttl_ms: u64,
     pub limits: Limits,
     pub max_control_frame_bytes: u64,
+    pub max_mcp_frame_bytes: u64,
 }
 
 pub struct Shared {
@@ -47,6 +49,10 @@ pub struct Shared {
     /// `process_key(session, process)` → process actor: the hot requests
     /// (`process.read`, `process.write`) go straight to the process.
     pub processes: DashMap<String, ActorRef<ProcessMsg>>,
+    /// `process_key(session, serverKey)` → MCP actor: `mcp.frame` goes
+    /// straight to its server. Each actor puts itself in and takes itself
+    /// out (a restart replaces the entry).
+    pub mcp: DashMap<String, ActorRef<McpMsg>>,
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
     terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
@@ -62,6 +68,7 @@ impl Shared {
             registration: Mutex::new(None),
             sessions: DashMap::new(),
             processes: DashMap::new(),
+            mcp: DashMap::new(),
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
@@ -84,6 +91,12 @@ impl Shared {
             }),
             shell: Some(ShellCapability { enabled: true }),
             terminal: crate::executor::actors::terminals::capability(self),
+            mcp: (self.config.mcp_max_servers > 0).then_some(McpCapability {
+                stdio: true,
+                http: true,
+                max_servers: Some(self.config.mcp_max_servers),
+                secret_env: true,
+            }),
             ..Default::default()
         }
     }
@@ -111,6 +124,17 @@ impl Shared {
         if let Ok(mut g) = self.registration.lock() {
             *g = Some(r);
         }
+    }
+
+    /// The largest MCP message relayed in one `mcp.frame`: half the frame
+    /// limit, because JSON escaping can double a payload (every `"` of the
+    /// message becomes `\"` in the frame), less room for the envelope.
+    pub fn max_mcp_message(&self) -> usize {
+        let frame = self
+            .registration()
+            .map(|r| r.max_mcp_frame_bytes)
+            .unwrap_or(crate::wire::types::RegisterResult::DEFAULT_MCP_FRAME_BYTES);
+        ((frame / 2) as usize).saturating_sub(4096).max(4096)
     }
 
     pub fn limits(&self) -> Limits {

@@ -61,9 +61,8 @@ pub enum Owner {
     /// One process actor, by `sessionId` + `processId`, reached straight
     /// through the router's process map (the hot `read`/`write` path).
     Process,
-    /// One MCP server actor, by `sessionId` + `serverKey` (not built yet:
-    /// the executor refuses `mcp.*` for its capability, the harness's
-    /// connection actor answers them itself).
+    /// One MCP server actor, by `sessionId` + `serverKey`; on the harness,
+    /// the MCP channel of that session and server.
     Mcp,
     /// One turn actor, by `sessionId` + `turnId` (not built yet).
     Turn,

@@ -10,7 +10,7 @@
 //! params; a variant whose method the table gives another owner fails to
 //! compile, so the table and the routing cannot drift apart.
 //!
-//! Methods no executor actor receives yet (`mcp.*`, `turn.*`, ...) have no
+//! Methods no executor actor receives yet (`turn.*`, ...) have no
 //! variant: [`routed`] says `None` for them and the router refuses them for
 //! their capability before decoding anything.
 
@@ -18,10 +18,10 @@ use super::error::RpcError;
 use super::frame::Inbound;
 use super::method::{Method, Owner};
 use super::types::{
-    AssignParams, DrainParams, ProcessReadParams, ProcessRefParams, ProcessStartParams,
-    ProcessTerminateParams, ProcessWriteParams, SessionRefParams, StopParams, TerminalAttachParams,
-    TerminalCloseParams, TerminalInputParams, TerminalOpenParams, TerminalResizeParams,
-    ToolCallParams, ToolCancelParams,
+    AssignParams, DrainParams, McpCloseParams, McpFrameParams, McpOpenParams, ProcessReadParams,
+    ProcessRefParams, ProcessStartParams, ProcessTerminateParams, ProcessWriteParams,
+    SessionRefParams, StopParams, TerminalAttachParams, TerminalCloseParams, TerminalInputParams,
+    TerminalOpenParams, TerminalResizeParams, ToolCallParams, ToolCancelParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field
@@ -168,6 +168,14 @@ requests! {
         ProcessWrite(ProcessWriteParams),
     }
 
+    /// One MCP server actor, by `sessionId` + `serverKey` (`mcp.frame` is a
+    /// notification).
+    Mcp => McpRequest by [session_id, server_key] {
+        McpOpen(McpOpenParams),
+        McpClose(McpCloseParams),
+        McpFrame(McpFrameParams),
+    }
+
     /// The terminals supervisor, by `terminalId` (`terminal.input` may come
     /// as a notification).
     Terminal => TerminalRequest by [terminal_id] {
@@ -222,8 +230,8 @@ mod tests {
                 let e = decode(spec.method, &f).unwrap_err();
                 assert_eq!(e.code, ErrorCode::InvalidParams.code(), "{}", spec.name);
             }
-            let f = frame(codec, Method::McpOpen, &serde_json::json!({}));
-            let e = decode(Method::McpOpen, &f).unwrap_err();
+            let f = frame(codec, Method::TurnStart, &serde_json::json!({}));
+            let e = decode(Method::TurnStart, &f).unwrap_err();
             assert_eq!(e.code, ErrorCode::MethodNotFound.code());
         }
     }

@@ -148,6 +148,7 @@ impl Connection {
             lease_ttl_ms: result.lease_ttl_ms,
             limits: result.limits,
             max_control_frame_bytes: result.max_control_frame_bytes,
+            max_mcp_frame_bytes: result.max_mcp_frame_bytes,
         };
         Ok((link, closed_rx, registration))
     }

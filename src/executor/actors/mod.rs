@@ -13,6 +13,7 @@
 //! ```
 
 pub mod connection;
+pub mod mcp;
 pub mod process;
 pub mod root;
 pub mod router;

@@ -4,13 +4,15 @@
 //! no business state: nothing awaited.
 
 use super::connection::ConnMsg;
+use super::mcp::McpMsg;
 use super::process::ProcessMsg;
 use super::session::SessionMsg;
 use super::sessions::SessionsMsg;
 use super::terminals::TerminalsMsg;
 use crate::executor::Shared;
 use crate::wire::request::{
-    self, ConnectionRequest, ProcessRequest, SessionRequest, SessionsRequest, TerminalRequest,
+    self, ConnectionRequest, McpRequest, ProcessRequest, SessionRequest, SessionsRequest,
+    TerminalRequest,
 };
 use crate::wire::{Dispatch, Inbound, Method, Request, Responder, RpcError, Version};
 use ractor::ActorRef;
@@ -39,7 +41,6 @@ impl ExecutorRouter {
 fn not_built(method: Method) -> Option<&'static str> {
     use Method::*;
     match method {
-        McpOpen | McpClose | McpFrame => Some("mcp"),
         TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => Some("agent"),
         WorkspaceBackup => Some("workspace"),
         SkillInstall => Some("skills"),
@@ -57,6 +58,7 @@ fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
                 .is_none()
                 .then_some("terminal")
         }
+        McpOpen | McpClose | McpFrame => (shared.config.mcp_max_servers == 0).then_some("mcp"),
         other => not_built(other),
     }
 }
@@ -88,6 +90,8 @@ impl Dispatch for ExecutorRouter {
         match (request, reply) {
             // `terminal.input` may come as a notification.
             (Request::Terminal(r), reply) => self.terminal(r, reply),
+            // `mcp.frame` is a notification.
+            (Request::Mcp(r), reply) => self.mcp(r, reply),
             // No other request is answered as a notification: nobody to
             // answer, so it is dropped (as it always was).
             (_, None) => {}
@@ -152,6 +156,34 @@ impl ExecutorRouter {
             }
             .to_owned();
             msg.fail(RpcError::session_not_active(&session_id));
+        }
+    }
+
+    /// `mcp.*` straight to the server's actor; a server the map does not
+    /// hold (unknown, unavailable, restarting) is answered by its session.
+    fn mcp(&self, request: McpRequest, reply: Option<Responder>) {
+        let key = crate::executor::runtime::process_key(request.session_id(), request.server_key());
+        if let Some(actor) = self.shared.mcp.get(&key).map(|a| a.clone()) {
+            match actor.send_message(McpMsg::Request(request, reply)) {
+                Ok(()) => return,
+                Err(ractor::MessagingErr::SendErr(McpMsg::Request(r, reply))) => {
+                    return self.mcp_via_session(r, reply)
+                }
+                Err(_) => return,
+            }
+        }
+        self.mcp_via_session(request, reply)
+    }
+
+    fn mcp_via_session(&self, request: McpRequest, reply: Option<Responder>) {
+        let session_id = request.session_id().to_owned();
+        let Some(session) = self.shared.sessions.get(&session_id).map(|s| s.clone()) else {
+            return answer(reply, RpcError::session_not_active(&session_id));
+        };
+        if let Err(ractor::MessagingErr::SendErr(SessionMsg::Mcp(_, reply))) =
+            session.send_message(SessionMsg::Mcp(request, reply))
+        {
+            answer(reply, RpcError::session_not_active(&session_id));
         }
     }
 

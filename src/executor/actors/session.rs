@@ -15,13 +15,17 @@
 //! session's tag), removes the workspace, answers, tells the sessions actor
 //! why it ends, and stops.
 
+use super::mcp::{McpArgs, McpChange, McpServer};
 use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
 use super::sessions::SessionsMsg;
 use super::tool::{ToolActor, ToolArgs, ToolMsg};
+use crate::executor::mcp::launch;
 use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
 use crate::supervisor::children::{Children, Decision};
+use crate::supervisor::Restart;
 use crate::supervisor::{ChildExit, ChildSpec, Exit};
+use crate::wire::request::McpRequest;
 use crate::wire::request::ProcessRequest;
 use crate::wire::types::Accepted;
 use crate::wire::types::{
@@ -29,9 +33,11 @@ use crate::wire::types::{
     ProcessStatusParams, ReadyParams, SessionStatus, StatusParams, StopResult, ToolCallParams,
     ToolCancelResult, ToolResultParams,
 };
+use crate::wire::types::{ConnectionOrigin, McpServerSpec, McpServerState, McpServerStatus};
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,6 +74,16 @@ pub enum SessionMsg {
     ToolResults(OutboxEvent<String>),
     /// `session.ready` delivery.
     Ready(OutboxEvent<()>),
+    /// An MCP server changed state (from its actor).
+    McpChanged(McpChange),
+    /// `mcp.*` for a server the router's map does not hold: unknown,
+    /// unavailable, or between two lives.
+    Mcp(McpRequest, Option<Responder>),
+    /// A restart of a supervised child is due (after its backoff).
+    RestartChild {
+        id: String,
+        generation: u64,
+    },
     /// Test hook: panic in the handler (`None`), or make one child panic.
     #[doc(hidden)]
     Panic(Option<SessionChild>),
@@ -79,6 +95,7 @@ pub enum SessionMsg {
 pub enum SessionChild {
     Process(String),
     Tool(String),
+    Mcp(String),
 }
 
 impl SessionChild {
@@ -86,12 +103,16 @@ impl SessionChild {
         match self {
             SessionChild::Process(p) => format!("process/{p}"),
             SessionChild::Tool(t) => format!("tool/{t}"),
+            SessionChild::Mcp(k) => format!("mcp/{k}"),
         }
     }
 
     pub fn parse(id: &str) -> Option<SessionChild> {
         if let Some(p) = id.strip_prefix("process/") {
             return Some(SessionChild::Process(p.to_owned()));
+        }
+        if let Some(k) = id.strip_prefix("mcp/") {
+            return Some(SessionChild::Mcp(k.to_owned()));
         }
         id.strip_prefix("tool/")
             .map(|t| SessionChild::Tool(t.to_owned()))
@@ -137,6 +158,26 @@ pub struct SessionState {
     ready: Delivery<(), ReadyParams>,
     read_slots: Arc<Semaphore>,
     stopping: bool,
+    /// The session's MCP servers by key, as `session.status` reports them.
+    mcp: BTreeMap<String, McpEntry>,
+    /// What `session.status` last said (sent again with every MCP change).
+    phase: SessionStatus,
+    /// `session.ready` waits for every MCP server to be ready or failed.
+    ready_due: bool,
+    /// `session.assign.mcpServers`, until they are started.
+    specs: Vec<McpServerSpec>,
+}
+
+struct McpEntry {
+    status: McpServerStatus,
+    /// Whether the harness holds the channel open (survives restarts).
+    open: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The `BMX_SCOPE` of one MCP server of a session (`:` is not in any
+/// process id's scope, so no process can share it).
+pub fn mcp_scope(session_scope: &str, key: &str) -> String {
+    format!("{session_scope}mcp:{}/", safe_name(key))
 }
 
 /// A directory name for a session id from the wire: the id itself when it
@@ -182,7 +223,8 @@ fn same_spec(a: &ProcessStartParams, b: &ProcessStartParams) -> bool {
 }
 
 impl SessionState {
-    fn status(&self, status: SessionStatus, detail: Option<String>) {
+    fn status(&mut self, status: SessionStatus, detail: Option<String>) {
+        self.phase = status;
         if let Some(link) = self.shared.link() {
             let _ = link.notify(
                 Method::SessionStatus,
@@ -190,14 +232,26 @@ impl SessionState {
                     session_id: self.id.clone(),
                     status,
                     detail,
-                    mcp_servers: Vec::new(),
+                    mcp_servers: self.mcp.values().map(|e| e.status.clone()).collect(),
                 },
             );
         }
     }
 
-    /// Keep `session.ready` (for the current lease token) until acknowledged.
+    /// Keep `session.ready` (for the current lease token) until
+    /// acknowledged; once every MCP server is ready or has failed.
     fn send_ready(&mut self, myself: &ActorRef<SessionMsg>) {
+        let settled = self.mcp.values().all(|e| {
+            matches!(
+                e.status.state,
+                McpServerState::Ready | McpServerState::Unavailable
+            )
+        });
+        if !settled {
+            self.ready_due = true;
+            return;
+        }
+        self.ready_due = false;
         let params = ReadyParams {
             session_id: self.id.clone(),
             work_id: self.work_id.clone(),
@@ -276,7 +330,115 @@ impl SessionState {
                 };
                 self.deliver_result(myself, result);
             }
+            Some(SessionChild::Mcp(key)) => {
+                // Gone for good after an abnormal exit: the budget is spent
+                // (a normal exit reported its own reason first).
+                tracing::error!(session = %self.id, server = %key, error = %why, "mcp server past its restart budget");
+                self.mcp_changed(
+                    myself,
+                    McpChange {
+                        key,
+                        state: McpServerState::Unavailable,
+                        reason: Some("restart_budget_exhausted".into()),
+                        last_error: Some(why),
+                    },
+                );
+            }
             None => {}
+        }
+    }
+
+    fn mcp_changed(&mut self, myself: &ActorRef<SessionMsg>, change: McpChange) {
+        let Some(entry) = self.mcp.get_mut(&change.key) else {
+            return;
+        };
+        let s = &mut entry.status;
+        if s.state == McpServerState::Unavailable {
+            // Final: a late report of a life that ended cannot revive it.
+            return;
+        }
+        if change.state == McpServerState::Restarting {
+            s.restarts += 1;
+        }
+        s.state = change.state;
+        if change.reason.is_some() {
+            s.reason = change.reason;
+        }
+        if change.last_error.is_some() {
+            s.last_error = change.last_error;
+        }
+        let phase = self.phase;
+        if !self.stopping {
+            self.status(phase, None);
+        }
+        if self.ready_due {
+            self.send_ready(myself);
+        }
+    }
+
+    /// `mcp.*` the router could not hand to a live server actor.
+    fn mcp_refused(&self, request: McpRequest, reply: Option<Responder>) {
+        let key = request.server_key().to_owned();
+        let (reason, message, retryable) = match self.mcp.get(&key).map(|e| &e.status) {
+            None => (
+                "unknown_server",
+                format!("no MCP server {key:?} in this session"),
+                false,
+            ),
+            Some(s) if s.state == McpServerState::Unavailable => (
+                "unavailable",
+                format!(
+                    "MCP server {key:?} is unavailable ({})",
+                    s.reason.as_deref().unwrap_or("failed")
+                ),
+                false,
+            ),
+            Some(_) => (
+                "restarting",
+                format!("MCP server {key:?} is restarting"),
+                true,
+            ),
+        };
+        let reason = match self.mcp.get(&key).and_then(|e| e.status.reason.as_deref()) {
+            Some(r) if reason == "unavailable" => r.to_owned(),
+            _ => reason.to_owned(),
+        };
+        match (request, reply) {
+            (McpRequest::McpClose(_), Some(r)) if self.mcp.contains_key(&key) => {
+                if let Some(e) = self.mcp.get(&key) {
+                    e.open.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                r.ok(&crate::wire::types::McpCloseResult { closed: true });
+            }
+            (McpRequest::McpFrame(p), reply) => {
+                if let Some(r) = reply {
+                    r.ok(&Accepted::YES);
+                }
+                // A request gets its MCP error back over the channel.
+                if let Ok(crate::mcp::Kind::Request { id, .. }) =
+                    crate::mcp::message::parse(&p.payload).map(|e| e.kind)
+                {
+                    if let Some(link) = self.shared.link() {
+                        let _ = link.notify(
+                            Method::McpFrame,
+                            &crate::wire::types::McpFrameParams {
+                                session_id: self.id.clone(),
+                                server_key: key,
+                                payload: crate::mcp::message::error_response(
+                                    &id,
+                                    crate::mcp::message::code::INTERNAL_ERROR,
+                                    &message,
+                                    &reason,
+                                ),
+                            },
+                        );
+                    }
+                }
+            }
+            (_, Some(r)) => {
+                r.err(super::mcp::unavailable(&reason, &message).with_retryable(retryable))
+            }
+            (_, None) => {}
         }
     }
 
@@ -305,6 +467,136 @@ impl SessionState {
 }
 
 impl Session {
+    /// What the supervisor rules decided about a child's exit.
+    fn decided(&self, myself: &ActorRef<SessionMsg>, state: &mut SessionState, decision: Decision) {
+        match decision {
+            Decision::Restart {
+                exit,
+                delay,
+                generation,
+            } if !state.stopping => {
+                if let Some(SessionChild::Mcp(key)) = SessionChild::parse(&exit.id) {
+                    let why = match &exit.exit {
+                        Exit::Abnormal(w) => Some(w.clone()),
+                        _ => None,
+                    };
+                    state.mcp_changed(
+                        myself,
+                        McpChange {
+                            key,
+                            state: McpServerState::Restarting,
+                            reason: None,
+                            last_error: why,
+                        },
+                    );
+                }
+                let id = exit.id;
+                myself.send_after(delay, move || SessionMsg::RestartChild { id, generation });
+            }
+            Decision::Restart { exit, .. } | Decision::Gone(exit) | Decision::Meltdown(exit) => {
+                if !state.stopping {
+                    state.child_exited(myself, exit)
+                }
+            }
+        }
+    }
+
+    /// Start each `environment` server as a `transient` child with its
+    /// restart budget. A spec that cannot run is `unavailable` at once.
+    async fn start_mcp_servers(&self, myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
+        let specs = std::mem::take(&mut state.specs);
+        for spec in specs {
+            let key = spec.server_key.clone();
+            if !matches!(state.mcp.get(&key), Some(e) if e.status.state == McpServerState::Starting)
+            {
+                continue;
+            }
+            let scope = mcp_scope(&state.scope, &key);
+            let (shared, workspace, scope2, spec2) = (
+                state.shared.clone(),
+                state.workspace.clone(),
+                scope.clone(),
+                spec.clone(),
+            );
+            let prepared = tokio::task::spawn_blocking(move || {
+                launch::prepare(&shared, &workspace, &scope2, &spec2)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(launch::Refused {
+                    reason: "spawn_failed",
+                    message: e.to_string(),
+                })
+            });
+            let launch = match prepared {
+                Ok(l) => l,
+                Err(refused) => {
+                    tracing::warn!(session = %state.id, server = %key, reason = refused.reason, error = %refused.message, "mcp server not started");
+                    state.mcp_changed(
+                        myself,
+                        McpChange {
+                            key,
+                            state: McpServerState::Unavailable,
+                            reason: Some(refused.reason.into()),
+                            last_error: Some(refused.message),
+                        },
+                    );
+                    continue;
+                }
+            };
+            let secrets: Vec<String> = spec
+                .transport
+                .secret_env
+                .as_ref()
+                .map(|m| m.values().cloned().collect())
+                .unwrap_or_default();
+            let open = match state.mcp.get(&key) {
+                Some(e) => e.open.clone(),
+                None => continue,
+            };
+            let budget = spec
+                .restart_budget
+                .map(|b| crate::supervisor::Intensity {
+                    max_restarts: b.max_restarts.min(100),
+                    period: Duration::from_millis(b.window_ms.clamp(1, 86_400_000)),
+                })
+                .unwrap_or(state.shared.config.mcp_restart_budget);
+            let args = McpArgs {
+                shared: state.shared.clone(),
+                session: myself.clone(),
+                session_id: state.id.clone(),
+                key: key.clone(),
+                launch: Arc::new(launch),
+                scope,
+                secrets: Arc::new(secrets),
+                starts: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+                open,
+                init_timeout: state.shared.config.mcp_init_timeout,
+                max_message: state.shared.max_mcp_message(),
+            };
+            let child = ChildSpec::restartable(
+                SessionChild::Mcp(key.clone()).id(),
+                Restart::Transient,
+                McpServer,
+                args,
+            )
+            .budget(budget);
+            if let Err(e) = state.children.start(child, myself.get_cell()).await {
+                let e = e.to_string();
+                tracing::warn!(session = %state.id, server = %key, error = %e, "mcp server not started");
+                state.mcp_changed(
+                    myself,
+                    McpChange {
+                        key,
+                        state: McpServerState::Unavailable,
+                        reason: Some("spawn_failed".into()),
+                        last_error: Some(e),
+                    },
+                );
+            }
+        }
+    }
+
     async fn start_process(
         &self,
         myself: &ActorRef<SessionMsg>,
@@ -454,6 +746,13 @@ impl Session {
                 let _ = t.send_message(ToolMsg::Cancel("session_stopped".into()));
             }
         }
+        // MCP servers first, in their own orderly way (their in-flight
+        // requests are answered), before the session's scope is killed.
+        let keys: Vec<String> = state.mcp.keys().cloned().collect();
+        let stops = keys.iter().map(|k| SessionChild::Mcp(k.clone()).id());
+        for id in stops {
+            state.children.terminate(&id).await;
+        }
         // SIGTERM every live group, give them until the deadline.
         let mut waits = Vec::new();
         for p in state.processes.values() {
@@ -522,7 +821,37 @@ impl Actor for Session {
         let reads = args.shared.limits().concurrent_process_reads() as usize;
         let children = Children::new("session", None, None);
         let connected = args.shared.link().is_some();
-        let state = SessionState {
+        let mut mcp = BTreeMap::new();
+        for spec in &p.mcp_servers {
+            let (state, reason) = if mcp.contains_key(&spec.server_key) {
+                continue;
+            } else if !launch::valid_key(&spec.server_key) {
+                (McpServerState::Unavailable, Some("invalid_spec"))
+            } else if mcp.len() >= args.shared.config.mcp_max_servers as usize {
+                (McpServerState::Unavailable, Some("max_servers"))
+            } else if spec.connection_origin == ConnectionOrigin::Service {
+                (
+                    McpServerState::Unavailable,
+                    Some("service_origin_unsupported"),
+                )
+            } else {
+                (McpServerState::Starting, None)
+            };
+            mcp.insert(
+                spec.server_key.clone(),
+                McpEntry {
+                    status: McpServerStatus {
+                        server_key: spec.server_key.clone(),
+                        state,
+                        restarts: 0,
+                        reason: reason.map(str::to_owned),
+                        last_error: None,
+                    },
+                    open: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                },
+            );
+        }
+        let mut state = SessionState {
             scope: session_scope(&args.shared.instance, &p.session_id),
             shared: args.shared,
             id: p.session_id,
@@ -536,6 +865,10 @@ impl Actor for Session {
             ready: Delivery::new(Method::SessionReady, false, 1, connected),
             read_slots: Arc::new(Semaphore::new(reads)),
             stopping: false,
+            mcp,
+            phase: SessionStatus::Starting,
+            ready_due: false,
+            specs: p.mcp_servers,
         };
         state.status(SessionStatus::Starting, None);
         Ok(state)
@@ -546,7 +879,8 @@ impl Actor for Session {
         myself: ActorRef<SessionMsg>,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
-        // The workspace is up and bmx runs no MCP servers yet: ready.
+        self.start_mcp_servers(&myself, state).await;
+        // Ready now, or once every MCP server is ready or failed.
         state.send_ready(&myself);
         state.status(SessionStatus::Running, None);
         Ok(())
@@ -579,11 +913,8 @@ impl Actor for Session {
         event: ractor::SupervisionEvent,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
-        match state.children.on_event(&event) {
-            Some(Decision::Gone(exit))
-            | Some(Decision::Restart { exit, .. })
-            | Some(Decision::Meltdown(exit)) => state.child_exited(&myself, exit),
-            None => {}
+        if let Some(decision) = state.children.on_event(&event) {
+            self.decided(&myself, state, decision);
         }
         Ok(())
     }
@@ -633,6 +964,30 @@ impl Actor for Session {
             SessionMsg::Disconnected => {
                 state.ready.disconnected();
                 state.results.disconnected();
+                for e in state.mcp.values() {
+                    e.open.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            SessionMsg::McpChanged(change) => state.mcp_changed(&myself, change),
+            SessionMsg::Mcp(request, reply) => state.mcp_refused(request, reply),
+            SessionMsg::RestartChild { id, generation } => {
+                if state.stopping {
+                    return Ok(());
+                }
+                let Some(start) = state.children.restart_fn(&id, generation) else {
+                    return Ok(());
+                };
+                match start(myself.get_cell()).await {
+                    Ok(cell) => {
+                        if !state.children.restarted(&id, generation, &cell) {
+                            cell.stop(Some(crate::supervisor::SHUTDOWN.into()));
+                        }
+                    }
+                    Err(e) => {
+                        let decision = state.children.exited(id, Exit::Abnormal(e));
+                        self.decided(&myself, state, decision);
+                    }
+                }
             }
             SessionMsg::ToolDone(result) => state.deliver_result(&myself, *result),
             SessionMsg::ToolResults(event) => {
@@ -650,6 +1005,9 @@ impl Actor for Session {
                 if let Some(p) = state.processes.get(&id) {
                     let _ = p.actor.send_message(ProcessMsg::Panic);
                 }
+            }
+            SessionMsg::Panic(Some(SessionChild::Mcp(_))) => {
+                // An MCP server is crashed from outside (kill -9) in tests.
             }
             SessionMsg::Panic(Some(SessionChild::Tool(id))) => {
                 if let Some(ToolCall::Running(t)) = state.tools.get(&id) {

@@ -1,0 +1,398 @@
+//! `bmx bench mcp`: `tools/call` of `echo` through harness → executor →
+//! stdio server, against the same call made directly to the same server
+//! over its stdio in the same run.
+//!
+//! * `direct`: the bench spawns the server and speaks newline-delimited
+//!   JSON-RPC on its pipes (the baseline: nothing between client and server);
+//! * `proxied`: an in-process harness and executor on loopback; the bench
+//!   is an HTTP client of the harness's Streamable HTTP endpoint
+//!   (`/v1/sessions/{id}/mcp/{key}`), which carries each call over the
+//!   executor's WebSocket (`mcp.frame`) to the server's stdio and back.
+//!
+//! Each row runs `calls` calls with 1 and with 32 in flight and reports
+//! latency p50/p99 and calls per second; the ratios are proxied/direct.
+
+use bmx::executor::mcp::sse::SseReader;
+use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+use bmx::harness::Harness;
+use bmx::wire::Endpoint;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+#[derive(Debug, Clone)]
+pub struct McpOptions {
+    /// The stdio MCP server (default: tests/peers' server-everything).
+    pub command: PathBuf,
+    pub calls: usize,
+    pub concurrency: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub in_flight: usize,
+    pub direct_p50_us: f64,
+    pub direct_p99_us: f64,
+    pub direct_calls_per_s: f64,
+    pub proxied_p50_us: f64,
+    pub proxied_p99_us: f64,
+    pub proxied_calls_per_s: f64,
+    /// proxied p50 / direct p50 (the issue's target: at most 2).
+    pub p50_ratio: f64,
+    /// direct calls/s / proxied calls/s.
+    pub throughput_ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct McpReport {
+    pub calls: usize,
+    pub rows: Vec<Row>,
+}
+
+impl McpReport {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "tools/call echo, {} calls per row\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9}\n",
+            self.calls, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
+            "proxy/s", "p50_x", "tput_x"
+        );
+        for r in &self.rows {
+            s.push_str(&format!(
+                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2}\n",
+                r.in_flight,
+                r.direct_p50_us,
+                r.direct_p99_us,
+                r.direct_calls_per_s,
+                r.proxied_p50_us,
+                r.proxied_p99_us,
+                r.proxied_calls_per_s,
+                r.p50_ratio,
+                r.throughput_ratio
+            ));
+        }
+        s
+    }
+}
+
+fn echo(id: u64) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"message": "bench"}}})
+    .to_string()
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+    per_s: f64,
+}
+
+fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
+    lat.sort();
+    let at = |q: f64| lat[((lat.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        p50: at(0.50),
+        p99: at(0.99),
+        per_s: lat.len() as f64 / wall.as_secs_f64(),
+    }
+}
+
+/// A client of one stdio server: a writer and a reader task that routes
+/// answers by id.
+struct Direct {
+    child: tokio::process::Child,
+    stdin: tokio::sync::Mutex<tokio::process::ChildStdin>,
+    waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>,
+}
+
+impl Direct {
+    async fn start(command: &std::path::Path) -> Result<Direct, String> {
+        let mut child = tokio::process::Command::new(command)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", command.display()))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let waiting: Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>> = Default::default();
+        let w = waiting.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if let Some(id) = v["id"].as_u64() {
+                    if let Some(tx) = w.lock().ok().and_then(|mut m| m.remove(&id)) {
+                        let _ = tx.send(());
+                    }
+                }
+            }
+        });
+        let d = Direct {
+            child,
+            stdin: tokio::sync::Mutex::new(stdin),
+            waiting,
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "bmx-bench", "version": "1"}}})
+        .to_string();
+        d.call(0, init).await?;
+        d.write(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into())
+            .await?;
+        Ok(d)
+    }
+
+    async fn write(&self, mut line: String) -> Result<(), String> {
+        line.push('\n');
+        self.stdin
+            .lock()
+            .await
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn call(&self, id: u64, msg: String) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting
+            .lock()
+            .map_err(|e| e.to_string())?
+            .insert(id, tx);
+        self.write(msg).await?;
+        tokio::time::timeout(Duration::from_secs(30), rx)
+            .await
+            .map_err(|_| format!("call {id}: no answer in 30 s"))?
+            .map_err(|_| "server gone".to_owned())
+    }
+}
+
+/// A client of the harness's MCP endpoint.
+struct Proxied {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    session: String,
+}
+
+impl Proxied {
+    async fn post(&self, body: String) -> Result<(reqwest::header::HeaderMap, Vec<Value>), String> {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body);
+        if !self.session.is_empty() {
+            req = req
+                .header("mcp-session-id", &self.session)
+                .header("mcp-protocol-version", "2025-06-18");
+        }
+        let resp = req.send().await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let sse = headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        let messages = if sse {
+            SseReader::new(16 << 20)
+                .feed(&bytes)
+                .map_err(|_| "event too large".to_owned())?
+                .iter()
+                .filter_map(|e| serde_json::from_str(e).ok())
+                .collect()
+        } else if bytes.is_empty() {
+            Vec::new()
+        } else {
+            vec![serde_json::from_slice(&bytes).map_err(|e| e.to_string())?]
+        };
+        Ok((headers, messages))
+    }
+
+    async fn call(&self, id: u64) -> Result<(), String> {
+        let (_, messages) = self.post(echo(id)).await?;
+        if messages
+            .iter()
+            .any(|m| m["id"] == id && m["result"].is_object())
+        {
+            Ok(())
+        } else {
+            Err(format!("call {id}: {messages:?}"))
+        }
+    }
+}
+
+async fn measure<F, Fut>(calls: usize, in_flight: usize, call: F) -> Result<Stats, String>
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>> + Send,
+{
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
+    let wall = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let per = calls.div_ceil(in_flight);
+    for _ in 0..in_flight {
+        let (call, next) = (call.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(per);
+            for _ in 0..per {
+                let id = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let t = Instant::now();
+                call(id).await?;
+                lat.push(t.elapsed());
+            }
+            Ok::<_, String>(lat)
+        });
+    }
+    let mut all = Vec::with_capacity(calls);
+    while let Some(r) = tasks.join_next().await {
+        all.extend(r.map_err(|e| e.to_string())??);
+    }
+    Ok(stats(all, wall.elapsed()))
+}
+
+pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
+    let command = std::fs::canonicalize(&opts.command).map_err(|e| {
+        format!(
+            "{}: {e} (install the test peers: scripts/test.sh, or npm ci in tests/peers)",
+            opts.command.display()
+        )
+    })?;
+    // The baseline.
+    let direct = Arc::new(Direct::start(&command).await?);
+
+    // The proxied path: harness + executor in process, on loopback.
+    let api_token = format!("bench-{}", uuid::Uuid::new_v4().simple());
+    let harness = Harness::builder()
+        .listen("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
+        .token("bench", "bench-token")
+        .api_token(Some(api_token.clone()))
+        .build()
+        .await
+        .map_err(|e| format!("harness: {e}"))?;
+    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut config = ExecutorConfig::new(
+        Endpoint::parse(&harness.executor_url()).map_err(|e| e.to_string())?,
+        TokenSource::Static("bench-token".into()),
+    );
+    config.work_root = work.path().to_owned();
+    let executor = Executor::start(config).await.map_err(|e| e.to_string())?;
+    if !harness
+        .wait_for_executor(Some("bench"), Duration::from_secs(10))
+        .await
+    {
+        return Err("the executor did not register".into());
+    }
+    let http = reqwest::Client::new();
+    let base = harness.api_url();
+    let created = http
+        .post(format!("{base}/v1/sessions"))
+        .header("authorization", format!("Bearer {api_token}"))
+        .header("content-type", "application/json")
+        .body(
+            json!({"mcpServers": [{"serverKey": "ev", "connectionOrigin": "environment",
+                "transport": {"type": "stdio", "command": command}}]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !created.status().is_success() {
+        return Err(format!("create session: HTTP {}", created.status()));
+    }
+    let created: Value = serde_json::from_slice(&created.bytes().await.map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let session = created["sessionId"]
+        .as_str()
+        .ok_or("no sessionId")?
+        .to_owned();
+    let mut proxied = Proxied {
+        http,
+        url: format!("{base}/v1/sessions/{session}/mcp/ev"),
+        token: api_token,
+        session: String::new(),
+    };
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "bmx-bench", "version": "1"}}})
+    .to_string();
+    // The server starts with the session: retry initialize until it is up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let headers = loop {
+        match proxied.post(init.clone()).await {
+            Ok((h, m)) if m.iter().any(|m| m["result"].is_object()) => break h,
+            other if Instant::now() > deadline => {
+                return Err(format!("initialize through the harness: {other:?}"))
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    proxied.session = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    proxied
+        .post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into())
+        .await?;
+    let proxied = Arc::new(proxied);
+
+    // Warm both paths.
+    for id in 1..=50 {
+        direct.call(id, echo(id)).await?;
+        proxied.call(id).await?;
+    }
+    let mut rows = Vec::new();
+    for &k in &opts.concurrency {
+        let d = direct.clone();
+        let ds = measure(opts.calls, k, move |id| {
+            let d = d.clone();
+            async move { d.call(id, echo(id)).await }
+        })
+        .await?;
+        let p = proxied.clone();
+        let ps = measure(opts.calls, k, move |id| {
+            let p = p.clone();
+            async move { p.call(id).await }
+        })
+        .await?;
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        rows.push(Row {
+            in_flight: k,
+            direct_p50_us: us(ds.p50),
+            direct_p99_us: us(ds.p99),
+            direct_calls_per_s: ds.per_s,
+            proxied_p50_us: us(ps.p50),
+            proxied_p99_us: us(ps.p99),
+            proxied_calls_per_s: ps.per_s,
+            p50_ratio: us(ps.p50) / us(ds.p50),
+            throughput_ratio: ds.per_s / ps.per_s,
+        });
+    }
+    executor.shutdown().await;
+    harness.shutdown().await;
+    if let Ok(d) = Arc::try_unwrap(direct) {
+        let mut child = d.child;
+        let _ = child.kill().await;
+    }
+    Ok(McpReport {
+        calls: opts.calls,
+        rows,
+    })
+}

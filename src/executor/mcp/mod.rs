@@ -1,0 +1,87 @@
+//! The transports of the executor's MCP servers: a child on stdio, or a
+//! Streamable HTTP peer. Each turns the server's output into
+//! [`ServerEvent`]s for its MCP actor ([`crate::executor::actors::mcp`]),
+//! which feeds them to the sans-IO [`crate::mcp::Relay`].
+
+pub mod http;
+pub mod launch;
+pub mod sse;
+pub mod stdio;
+
+use std::sync::Arc;
+
+/// What a transport reports.
+#[derive(Debug)]
+pub enum ServerEvent {
+    /// One JSON-RPC message from the server.
+    Message(String),
+    /// A message larger than the MCP frame limit; its id when it could be read.
+    Oversized(Option<String>),
+    /// The server is gone (exited, or its HTTP session ended): why.
+    Closed(String),
+}
+
+/// Where a transport sends its events (the MCP actor's mailbox).
+pub type Sink = Arc<dyn Fn(ServerEvent) + Send + Sync>;
+
+/// One running transport.
+pub enum Transport {
+    Stdio(stdio::Stdio),
+    Http(http::Http),
+}
+
+impl Transport {
+    /// Send one message; `request` is its id when it is a request (a
+    /// transport that cannot deliver it answers it with an error event).
+    pub fn send(&self, message: String, request: Option<String>) -> Result<(), String> {
+        match self {
+            Transport::Stdio(s) => s.send(message),
+            Transport::Http(h) => {
+                h.send(message, request);
+                Ok(())
+            }
+        }
+    }
+
+    /// The server answered `initialize` with this protocol version.
+    pub fn initialized(&self, protocol_version: Option<String>) {
+        if let Transport::Http(h) = self {
+            h.initialized(protocol_version);
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Transport::Stdio(s) => Some(s.pid()),
+            Transport::Http(_) => None,
+        }
+    }
+
+    /// The newest stderr of a stdio server (redacted), for error reports.
+    pub fn stderr_tail(&self) -> String {
+        match self {
+            Transport::Stdio(s) => s.stderr_tail(),
+            Transport::Http(_) => String::new(),
+        }
+    }
+
+    /// End it: a stdio child is asked to go (stdin closed, SIGTERM), then
+    /// killed with everything it started; an HTTP session is deleted.
+    pub async fn shutdown(&mut self) {
+        match self {
+            Transport::Stdio(s) => s.shutdown().await,
+            Transport::Http(h) => h.shutdown().await,
+        }
+    }
+}
+
+/// Replace every secret value in `text` (stderr lines, error messages).
+pub fn redact(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for s in secrets.iter().filter(|s| s.len() >= 3) {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "<redacted>");
+        }
+    }
+    out
+}

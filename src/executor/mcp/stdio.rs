@@ -1,0 +1,280 @@
+//! An MCP server on stdio: a child of the session, through the executor's
+//! own process layer (spawned with `std` and watched by
+//! [`crate::process::exits`], its own process group, tagged with its
+//! scope so that it and everything it starts die with the session).
+//!
+//! Messages are newline-delimited JSON (MCP stdio transport). stdout is
+//! read in bounded lines: a line over the frame limit is read on up to
+//! [`HARD_LIMIT_FACTOR`]× the limit only to find its id (its request then
+//! gets an error, not silence); past that the server is killed. stderr
+//! goes to a bounded tail (for error reports) and to the debug log, with
+//! secret values redacted.
+
+use super::{redact, ServerEvent, Sink};
+use crate::process::{exits, sys};
+use nix::sys::signal::Signal;
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Stdio as StdStdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+/// How far past the frame limit an oversized line is read to find its id.
+pub const HARD_LIMIT_FACTOR: usize = 4;
+/// Messages queued for the server's stdin.
+const STDIN_QUEUE: usize = 256;
+/// stderr kept for error reports.
+const STDERR_TAIL: usize = 8 << 10;
+/// Longest stderr line logged.
+const STDERR_LOG_LINE: usize = 1024;
+
+pub struct StdioSpec {
+    pub program: PathBuf,
+    pub arg0: String,
+    pub args: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub scope: String,
+    pub max_message: usize,
+    pub secrets: Arc<Vec<String>>,
+    /// For the log lines.
+    pub label: String,
+}
+
+pub struct Stdio {
+    pid: u32,
+    scope: String,
+    stdin: Option<mpsc::Sender<String>>,
+    tail: Arc<Mutex<VecDeque<u8>>>,
+    exited: watch::Receiver<bool>,
+    secrets: Arc<Vec<String>>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
+}
+
+impl Stdio {
+    pub fn start(spec: StdioSpec, sink: Sink) -> std::io::Result<Stdio> {
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let mut cmd = std::process::Command::new(&spec.program);
+        cmd.arg0(&spec.arg0)
+            .args(&spec.args)
+            .current_dir(&spec.cwd)
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(StdStdio::from(in_r))
+            .stdout(StdStdio::from(out_w))
+            .stderr(StdStdio::from(err_w))
+            .process_group(0);
+        let (pid, exit) = exits::spawn(&mut cmd)?;
+        drop(cmd);
+        let stdin_pipe = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)?;
+        let stdout_pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
+        let stderr_pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
+        let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
+        let (exited_tx, exited_rx) = watch::channel(false);
+        let (out_done_tx, out_done_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(write_stdin(stdin_pipe, stdin_rx)).abort_handle());
+        tasks.push(
+            tokio::spawn({
+                let sink = sink.clone();
+                let max = spec.max_message;
+                async move {
+                    read_stdout(stdout_pipe, max, &sink).await;
+                    let _ = out_done_tx.send(());
+                }
+            })
+            .abort_handle(),
+        );
+        tasks.push(
+            tokio::spawn(read_stderr(
+                stderr_pipe,
+                tail.clone(),
+                spec.secrets.clone(),
+                spec.label.clone(),
+            ))
+            .abort_handle(),
+        );
+        let tail2 = tail.clone();
+        let secrets = spec.secrets.clone();
+        tasks.push(
+            tokio::spawn(async move {
+                let status = exit.await;
+                let _ = exited_tx.send(true);
+                // What the server wrote before it went is relayed first
+                // (a grandchild holding stdout open cannot hold this up).
+                let _ = tokio::time::timeout(Duration::from_secs(1), out_done_rx).await;
+                let why = match status {
+                    Ok(s) => format!("exited ({s})"),
+                    Err(_) => "exited".to_owned(),
+                };
+                let last = tail_text(&tail2, &secrets);
+                let why = match last.lines().last() {
+                    Some(line) if !line.trim().is_empty() => format!("{why}: {}", line.trim()),
+                    _ => why,
+                };
+                sink(ServerEvent::Closed(why));
+            })
+            .abort_handle(),
+        );
+        Ok(Stdio {
+            pid,
+            scope: spec.scope,
+            stdin: Some(stdin_tx),
+            tail,
+            exited: exited_rx,
+            secrets: spec.secrets,
+            tasks,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn send(&self, message: String) -> Result<(), String> {
+        let Some(stdin) = &self.stdin else {
+            return Err("stdin closed".into());
+        };
+        stdin.try_send(message).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => "the server is not reading its stdin".to_owned(),
+            mpsc::error::TrySendError::Closed(_) => "the server's stdin is closed".to_owned(),
+        })
+    }
+
+    pub fn stderr_tail(&self) -> String {
+        tail_text(&self.tail, &self.secrets)
+    }
+
+    /// MCP's stdio shutdown: close stdin, give it a moment, SIGTERM the
+    /// group, then SIGKILL everything in the server's scope.
+    pub async fn shutdown(&mut self) {
+        self.stdin = None;
+        let mut exited = self.exited.clone();
+        let wait = |ms: u64, exited: &mut watch::Receiver<bool>| {
+            let mut exited = exited.clone();
+            async move {
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(ms), exited.wait_for(|e| *e)).await;
+            }
+        };
+        wait(300, &mut exited).await;
+        if !*exited.borrow() {
+            sys::signal_group(self.pid as i32, Signal::SIGTERM);
+            wait(1_500, &mut exited).await;
+        }
+        let (pid, scope) = (self.pid as i32, self.scope.clone());
+        let _ =
+            tokio::task::spawn_blocking(move || sys::kill_tree(Some(pid), Some(pid), &scope)).await;
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Stdio {
+    fn drop(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        if !*self.exited.borrow() {
+            // Dropped without a shutdown (a panicking actor): no orphans.
+            let (pid, scope) = (self.pid as i32, self.scope.clone());
+            std::thread::spawn(move || sys::kill_tree(Some(pid), Some(pid), &scope));
+        }
+    }
+}
+
+fn tail_text(tail: &Mutex<VecDeque<u8>>, secrets: &[String]) -> String {
+    let bytes: Vec<u8> = tail
+        .lock()
+        .map(|t| t.iter().copied().collect())
+        .unwrap_or_default();
+    redact(&String::from_utf8_lossy(&bytes), secrets)
+}
+
+async fn write_stdin(mut pipe: tokio::net::unix::pipe::Sender, mut rx: mpsc::Receiver<String>) {
+    while let Some(mut msg) = rx.recv().await {
+        msg.push('\n');
+        if pipe.write_all(msg.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn read_stdout(mut pipe: tokio::net::unix::pipe::Receiver, max: usize, sink: &Sink) {
+    let hard = max.saturating_mul(HARD_LIMIT_FACTOR);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut chunk = &buf[..n];
+        while let Some(pos) = chunk.iter().position(|&b| b == b'\n') {
+            line.extend_from_slice(&chunk[..pos]);
+            chunk = &chunk[pos + 1..];
+            emit(std::mem::take(&mut line), max, sink);
+        }
+        line.extend_from_slice(chunk);
+        if line.len() > hard {
+            sink(ServerEvent::Oversized(None));
+            sink(ServerEvent::Closed(format!(
+                "the server wrote a message over {hard} bytes"
+            )));
+            return;
+        }
+    }
+}
+
+fn emit(mut line: Vec<u8>, max: usize, sink: &Sink) {
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    if line.iter().all(|b| b.is_ascii_whitespace()) {
+        return;
+    }
+    let text = String::from_utf8_lossy(&line);
+    if line.len() > max {
+        sink(ServerEvent::Oversized(crate::mcp::message::id_of(&text)));
+    } else {
+        sink(ServerEvent::Message(text.into_owned()));
+    }
+}
+
+async fn read_stderr(
+    mut pipe: tokio::net::unix::pipe::Receiver,
+    tail: Arc<Mutex<VecDeque<u8>>>,
+    secrets: Arc<Vec<String>>,
+    label: String,
+) {
+    let mut buf = vec![0u8; 8 << 10];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if let Ok(mut t) = tail.lock() {
+            t.extend(&buf[..n]);
+            let excess = t.len().saturating_sub(STDERR_TAIL);
+            t.drain(..excess);
+        }
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            for line in String::from_utf8_lossy(&buf[..n]).lines() {
+                let line: String = line.chars().take(STDERR_LOG_LINE).collect();
+                tracing::debug!(server = %label, stderr = %redact(&line, &secrets), "mcp server stderr");
+            }
+        }
+    }
+}
