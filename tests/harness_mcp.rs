@@ -1080,3 +1080,213 @@ async fn the_endpoint_needs_the_api_token() {
     assert_eq!(r.json()["result"]["content"][0]["text"], "Echo: ok");
     h.shutdown().await;
 }
+
+// ---------------------------------------------------------------------
+// End to end: the real executor, real MCP servers (tests/peers), and
+// rmcp's own Streamable HTTP client: an MCP client written by others.
+// ---------------------------------------------------------------------
+
+const API_TOKEN: &str = "mcp-e2e-api-token";
+
+fn peer(bin: &str) -> String {
+    format!(
+        "{}/tests/peers/node_modules/.bin/{bin}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+async fn listing_with(
+    client: &bmx::client::ApiClient,
+    session: &str,
+    ok: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, v) = client
+            .get(&format!("/v1/sessions/{session}/mcp"))
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{v}");
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "listing never got there: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn rmcp_client(
+    url: &str,
+    token: &str,
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, rmcp::service::ClientInitializeError>
+{
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token);
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+}
+
+fn text_of(r: &rmcp::model::CallToolResult) -> String {
+    serde_json::to_value(&r.content).unwrap()[0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn args(v: Value) -> rmcp::model::JsonObject {
+    v.as_object().unwrap().clone()
+}
+
+#[tokio::test]
+async fn an_independent_mcp_client_uses_real_servers_through_the_harness() {
+    use rmcp::model::CallToolRequestParams;
+    let (h, executor, work) = harness_with_executor_tweaked(
+        "exec-mcp",
+        |b| {
+            b.heartbeat_ms(200)
+                .lease_ttl_ms(10_000)
+                .api_token(Some(API_TOKEN.into()))
+        },
+        |_| {},
+    )
+    .await;
+    let client = api(&h).token(Some(API_TOKEN.into()));
+    let sid = "e2e";
+    let ws = bmx::executor::actors::session::workspace_dir(work.path(), sid);
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("note.txt"), "inside the workspace\n").unwrap();
+    let ws = ws.canonicalize().unwrap();
+    let (status, v) = client
+        .post(
+            "/v1/sessions",
+            &json!({"sessionId": sid, "mcpServers": [
+                {"serverKey": "everything", "connectionOrigin": "environment",
+                 "transport": {"type": "stdio", "command": peer("mcp-server-everything"),
+                               "secretEnv": {"E2E_SECRET": SECRET}}},
+                {"serverKey": "fs", "connectionOrigin": "environment",
+                 "transport": {"type": "stdio", "command": peer("mcp-server-filesystem"),
+                               "args": [ws.to_str().unwrap()]}}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{v}");
+    // The platform's view: both servers ready, with their tools.
+    let has = |v: &Value, i: usize, tool: &str| tool_names(v, i).iter().any(|t| t == tool);
+    let v = listing_with(&client, sid, |v| {
+        has(v, 0, "echo") && has(v, 1, "read_text_file")
+    })
+    .await;
+    assert_eq!(v["servers"][0]["state"], "ready", "{v}");
+    assert_eq!(v["servers"][1]["state"], "ready", "{v}");
+    assert!(!v.to_string().contains(SECRET));
+
+    let url = format!("{}/v1/sessions/{sid}/mcp/everything", h.api_url());
+    // Without the API token: refused.
+    assert!(rmcp_client(&url, "wrong").await.is_err());
+    // Two independent clients; rmcp numbers its requests from 0 in each,
+    // so their ids collide on the one server behind the harness.
+    let a = rmcp_client(&url, API_TOKEN)
+        .await
+        .expect("client a initializes");
+    let b = rmcp_client(&url, API_TOKEN)
+        .await
+        .expect("client b initializes");
+    let info = a.peer_info().expect("the server's InitializeResult");
+    assert!(info.capabilities.tools.is_some(), "{info:?}");
+    let tools = a.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "echo"), "{tools:?}");
+    let (ra, rb) = tokio::join!(
+        a.call_tool(
+            CallToolRequestParams::new("echo").with_arguments(args(json!({"message": "from a"})))
+        ),
+        b.call_tool(
+            CallToolRequestParams::new("echo").with_arguments(args(json!({"message": "from b"})))
+        ),
+    );
+    assert_eq!(text_of(&ra.unwrap()), "Echo: from a");
+    assert_eq!(text_of(&rb.unwrap()), "Echo: from b");
+    for i in 0..10 {
+        let r = b
+            .call_tool(
+                CallToolRequestParams::new("echo")
+                    .with_arguments(args(json!({"message": format!("n{i}")}))),
+            )
+            .await
+            .unwrap();
+        assert_eq!(text_of(&r), format!("Echo: n{i}"));
+    }
+    // The filesystem server reads inside the workspace.
+    let fs_url = format!("{}/v1/sessions/{sid}/mcp/fs", h.api_url());
+    let fs = rmcp_client(&fs_url, API_TOKEN).await.expect("fs client");
+    let r = fs
+        .call_tool(
+            CallToolRequestParams::new("read_text_file")
+                .with_arguments(args(json!({"path": ws.join("note.txt")}))),
+        )
+        .await
+        .unwrap();
+    assert!(text_of(&r).contains("inside the workspace"), "{r:?}");
+    for c in [a, b, fs] {
+        let _ = c.cancel().await;
+    }
+    // The session ends: its channels go, its listing stays readable.
+    let (status, v) = client.delete(&format!("/v1/sessions/{sid}")).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let r = rmcp_client(&url, API_TOKEN).await;
+    assert!(r.is_err(), "an ended session's endpoint refuses");
+    executor.shutdown().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn progress_from_a_real_server_reaches_the_client_over_sse() {
+    let (h, executor, _work) = harness_with_executor("exec-mcp-progress", 10_000).await;
+    let (status, v) = api(&h)
+        .post(
+            "/v1/sessions",
+            &json!({"mcpServers": [{"serverKey": "everything", "connectionOrigin": "environment",
+                "transport": {"type": "stdio", "command": peer("mcp-server-everything")}}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{v}");
+    let sid = v["sessionId"].as_str().unwrap().to_owned();
+    let tools = listing_with(&api(&h), &sid, |v| !tool_names(v, 0).is_empty()).await;
+    let names = tool_names(&tools, 0);
+    // server-everything's long-running tool reports progress.
+    let slow = ["trigger-long-running-operation", "longRunningOperation"]
+        .into_iter()
+        .find(|n| names.iter().any(|t| t == n))
+        .unwrap_or_else(|| panic!("no long-running tool in {names:?}"));
+    let mut c = Http::new(&h, &sid, "everything");
+    c.initialize().await;
+    let r = c
+        .post(
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": slow, "arguments": {"duration": 1, "steps": 3},
+                           "_meta": {"progressToken": 99}}}),
+            BOTH,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = r.events();
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["method"] == "notifications/progress")
+        .collect();
+    assert!(!progress.is_empty(), "{events:?}");
+    assert!(
+        progress.iter().all(|p| p["params"]["progressToken"] == 99),
+        "{events:?}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["id"], 3, "{last}");
+    assert!(last.get("result").is_some(), "{last}");
+    executor.shutdown().await;
+    h.shutdown().await;
+}
