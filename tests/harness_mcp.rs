@@ -641,9 +641,8 @@ async fn two_clients_with_the_same_request_id_each_get_their_own_answer() {
         .await;
     assert_eq!(r.json()["id"], json!("1"));
     // What the server saw: unique harness ids, never the executor's.
-    let seen = fake.seen.lock().unwrap();
-    let ids: Vec<String> = seen
-        .payloads
+    let payloads = fake.seen.lock().unwrap().payloads.clone();
+    let ids: Vec<String> = payloads
         .iter()
         .filter_map(|p| p.get("id").and_then(Value::as_str).map(str::to_owned))
         .collect();
@@ -651,11 +650,9 @@ async fn two_clients_with_the_same_request_id_each_get_their_own_answer() {
     let unique: std::collections::HashSet<_> = ids.iter().collect();
     assert_eq!(unique.len(), ids.len(), "{ids:?}");
     assert!(ids.iter().all(|i| i.starts_with("h:")), "{ids:?}");
-    assert!(seen
-        .payloads
+    assert!(payloads
         .iter()
         .any(|p| p["method"] == "notifications/initialized"));
-    drop(seen);
     h.shutdown().await;
 }
 

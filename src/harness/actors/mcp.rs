@@ -52,6 +52,8 @@ use tracing::Instrument;
 /// (session id, serverKey).
 pub type ChannelKey = (String, String);
 
+type Timer = JoinHandle<Result<(), ractor::MessagingErr<McpMsg>>>;
+
 /// Progress notifications queued for one request's SSE answer; more are
 /// dropped (the answer itself never is: it has its own slot).
 pub const PROGRESS_QUEUE: usize = 64;
@@ -209,7 +211,7 @@ pub struct McpState {
     /// Client session → its notification stream (GET).
     streams: HashMap<String, mpsc::Sender<String>>,
     tools: ToolsFetch,
-    timer: Option<(u64, JoinHandle<Result<(), ractor::MessagingErr<McpMsg>>>)>,
+    timer: Option<(u64, Timer)>,
     retry_attempt: u32,
     retry_armed: bool,
 }
