@@ -1064,6 +1064,12 @@ async fn the_endpoint_needs_the_api_token() {
         .await
         .unwrap();
     assert_eq!(status, 401);
+    // Both routes are in the OpenAPI document.
+    let (_, doc) = client.get("/v1/openapi.json").await.unwrap();
+    for path in ["/v1/sessions/{id}/mcp", "/v1/sessions/{id}/mcp/{serverKey}"] {
+        assert!(doc["paths"].get(path).is_some(), "{path} documented");
+    }
+    assert!(doc["paths"]["/v1/sessions/{id}/mcp/{serverKey}"]["delete"].is_object());
     c.token = Some("api-token".into());
     c.initialize().await;
     let r = c

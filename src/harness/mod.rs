@@ -47,6 +47,7 @@ pub mod mcp_proxy;
 pub mod runtime;
 pub mod types;
 
+pub use api::mcp::{McpServerInfo, McpServerView, McpToolInfo, McpToolsView};
 pub use api::sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
 pub use api::terminals::{OpenTerminal, TerminalState, TerminalView, Terminals};
 pub use config::{Authenticator, EventCallback, HarnessConfig};

@@ -241,6 +241,17 @@ impl Session {
         self.shared.sessions.get(&self.id).map(|s| s.clone())
     }
 
+    /// The session's MCP servers: state, restarts, last error and tools
+    /// (`GET /v1/sessions/{id}/mcp`). Clients reach a server through the
+    /// HTTP endpoint `/v1/sessions/{id}/mcp/{serverKey}` (docs/mcp.md).
+    ///
+    /// # Errors
+    ///
+    /// 404 for an unknown session.
+    pub fn mcp_servers(&self) -> Result<Vec<super::mcp::McpServerView>, ApiError> {
+        super::mcp::list(&self.shared, &self.id)
+    }
+
     async fn route(&self) -> Result<Route, ApiError> {
         let id = self.id.clone();
         ask(&self.shared, |reply| LeasesMsg::Route {

@@ -60,7 +60,92 @@ pub fn document() -> Value {
             paths.extend(more);
         }
     }
+    if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
+        if let Value::Object(more) = mcp_schemas() {
+            schemas.extend(more);
+        }
+    }
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        if let Value::Object(more) = mcp_paths() {
+            paths.extend(more);
+        }
+    }
     doc
+}
+
+fn mcp_schemas() -> Value {
+    json!({
+      "McpServerSpec": {"type": "object", "required": ["serverKey", "connectionOrigin", "transport"], "properties": {
+          "serverKey": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+          "connectionOrigin": {"type": "string", "enum": ["environment"], "description": "\"service\" is refused (400, reason unsupported_origin): this harness does not offer service-origin servers"},
+          "transport": {"$ref": "#/components/schemas/McpTransport"},
+          "restartBudget": {"type": "object", "description": "bmx extension: restarts of a crashed server before it is unavailable (default 3 in 60 s)", "properties": {
+              "maxRestarts": {"type": "integer", "maximum": 1000}, "windowMs": {"type": "integer", "minimum": 1, "maximum": 86400000}}}}},
+      "McpTransport": {"type": "object", "required": ["type"], "properties": {
+          "type": {"type": "string", "enum": ["stdio", "http"]},
+          "command": {"type": "string", "description": "stdio: required"}, "args": {"type": "array", "maxItems": 256, "items": {"type": "string"}},
+          "cwd": {"type": "string"}, "env": {"type": "object", "additionalProperties": {"type": "string"}},
+          "secretEnv": {"type": "object", "additionalProperties": {"type": "string"}, "description": "given to the server only; every value reads \"<redacted>\" wherever the harness shows the spec"},
+          "commandSha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"},
+          "url": {"type": "string", "description": "http: required, http:// or https://"}, "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 3600000}}},
+      "McpTool": {"type": "object", "required": ["name"], "properties": {
+          "name": {"type": "string"}, "title": {"type": "string"}, "description": {"type": "string", "description": "cut at 8 KiB"},
+          "inputSchema": {"type": "object", "description": "omitted above 64 KiB"}}},
+      "McpServer": {"type": "object", "properties": {
+          "serverKey": {"type": "string"}, "connectionOrigin": {"type": "string", "enum": ["environment", "service"]},
+          "transport": {"$ref": "#/components/schemas/McpTransport"}, "restartBudget": {"type": "object"},
+          "state": {"type": "string", "enum": ["starting", "ready", "restarting", "unavailable"]},
+          "restarts": {"type": "integer"}, "reason": {"type": "string"}, "lastError": {"type": "string"},
+          "tools": {"type": "array", "items": {"$ref": "#/components/schemas/McpTool"}},
+          "toolsTruncated": {"type": "boolean"}, "toolsUpdatedAt": {"type": "string", "format": "date-time"},
+          "toolsError": {"type": "string", "description": "why the last tools/list failed (the list shown is the one before)"}}},
+      "McpServers": {"type": "object", "properties": {"servers": {"type": "array", "items": {"$ref": "#/components/schemas/McpServer"}}}},
+      "JsonRpcMessage": {"type": "object", "required": ["jsonrpc"], "description": "one MCP JSON-RPC message (request, notification or response); batches are refused", "properties": {
+          "jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+          "method": {"type": "string"}, "params": {"type": "object"}, "result": {}, "error": {"type": "object"}}}
+    })
+}
+
+fn mcp_error(desc: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcMessage"}}}})
+}
+
+fn mcp_paths() -> Value {
+    let session_header = json!({"name": "Mcp-Session-Id", "in": "header", "schema": {"type": "string"},
+        "description": "minted by the harness in the answer to initialize (128 random bits, hex); required on every later request"});
+    let key = json!({"name": "serverKey", "in": "path", "required": true, "schema": {"type": "string"}, "description": "the server's serverKey"});
+    json!({
+      "/v1/sessions/{id}/mcp": {
+        "parameters": [sid()],
+        "get": {"summary": "The session's MCP servers: redacted spec, state from session.status (starting, ready, restarting, unavailable), restarts, reason, lastError, and the tool list the harness fetched with tools/list (refreshed on notifications/tools/list_changed)",
+          "responses": {"200": ok("servers", "McpServers"), "404": err("unknown session")}}},
+      "/v1/sessions/{id}/mcp/{serverKey}": {
+        "parameters": [sid(), key],
+        "post": {"summary": "Streamable HTTP MCP endpoint (MCP 2025-03-26 / 2025-06-18): one JSON-RPC message, proxied over the session's mcp.frame channel",
+          "description": "Content-Type application/json; Accept application/json and/or text/event-stream. A request is answered with text/event-stream (its progress notifications, then its response) when accepted, else application/json; initialize is answered with JSON when JSON is accepted and mints the Mcp-Session-Id. Server errors are JSON-RPC responses (200): -32603 with data.reason executor_disconnected, session_ended, channel_closed or client_session_ended; -32001 (reason timeout) after the harness's MCP request timeout (60 s by default); the executor's -32014 when the server cannot be opened. Transport errors carry a JSON-RPC error body.",
+          "parameters": [session_header.clone(), {"name": "Accept", "in": "header", "schema": {"type": "string"}, "example": "application/json, text/event-stream"}],
+          "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcMessage"}}}},
+          "responses": {
+            "200": {"description": "the response of a request", "headers": {"Mcp-Session-Id": {"schema": {"type": "string"}, "description": "on the answer to initialize"}},
+              "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcMessage"}}, "text/event-stream": {"schema": {"type": "string"}}}},
+            "202": {"description": "a notification or a response, accepted"},
+            "400": mcp_error("not JSON (-32700), a batch or not JSON-RPC (-32600), or no Mcp-Session-Id after initialize (reason missing_session_id)"),
+            "404": mcp_error("unknown or ended Mcp-Session-Id (reason unknown_mcp_session), unknown session (-32011) or serverKey (-32014, reason unknown_server)"),
+            "406": mcp_error("Accept allows neither application/json nor text/event-stream"),
+            "410": mcp_error("the session ended"),
+            "413": mcp_error("larger than maxMcpFrameBytes as carried in mcp.frame (-32013)"),
+            "415": mcp_error("Content-Type is not application/json"),
+            "429": mcp_error("too many MCP client sessions on this server, or MCP channels on this harness (-32015)"),
+            "503": mcp_error("the harness is shutting down, or the channel is not answering")}},
+        "get": {"summary": "The client session's notification stream (text/event-stream): the server's notifications (tools/list_changed, message, resources/updated, ...). One stream per client session; a client that falls 256 messages behind loses it.",
+          "parameters": [session_header.clone()],
+          "responses": {"200": {"description": "SSE stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
+            "406": mcp_error("Accept does not allow text/event-stream"), "409": mcp_error("this client session already has a stream open")}},
+        "delete": {"summary": "End the client session (its requests in flight are answered with client_session_ended and cancelled at the server)",
+          "parameters": [session_header],
+          "responses": {"204": {"description": "ended"}, "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey")}}}
+    })
 }
 
 fn eid() -> Value {
@@ -156,7 +241,7 @@ fn base() -> Value {
       "info": {
         "title": "bmx harness API",
         "version": env!("CARGO_PKG_VERSION"),
-        "description": "Control plane of the executor protocol: executors, sessions, processes, tools, terminals. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
+        "description": "Control plane of the executor protocol: executors, sessions, processes, tools, terminals, MCP servers. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
       },
       "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -171,14 +256,16 @@ fn base() -> Value {
               "connectedAt": {"type": "string", "format": "date-time"}, "lastHeartbeatAt": {"type": "string", "format": "date-time"},
               "protocol": {"type": "string"}, "capabilities": {"type": "object"}}},
           "Executors": {"type": "object", "properties": {"executors": {"type": "array", "items": {"$ref": "#/components/schemas/Executor"}}}},
-          "CreateSession": {"type": "object", "properties": {"executorId": {"type": "string"}, "sessionId": {"type": "string"}, "metadata": {"type": "object"}}},
+          "CreateSession": {"type": "object", "properties": {"executorId": {"type": "string"}, "sessionId": {"type": "string"}, "metadata": {"type": "object"},
+              "mcpServers": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/McpServerSpec"}, "description": "sent in session.assign; keys unique"}}},
           "Session": {"type": "object", "properties": {
               "sessionId": {"type": "string"}, "executorId": {"type": "string"}, "connectionId": {"type": "string"},
               "fencingToken": {"type": "integer"}, "leaseToken": {"type": "string"},
               "state": {"type": "string", "enum": ["assigning", "active", "disconnected", "stopping", "ended"]},
               "ready": {"type": "boolean"}, "status": {"type": "string", "enum": ["starting", "running", "idle", "stopping", "stopped", "error"]},
               "createdAt": {"type": "string"}, "endedAt": {"type": "string"}, "endedReason": {"type": "string"},
-              "metadata": {"type": "object"}, "processes": {"type": "array", "items": {"$ref": "#/components/schemas/ProcessStatus"}}}},
+              "metadata": {"type": "object"}, "processes": {"type": "array", "items": {"$ref": "#/components/schemas/ProcessStatus"}},
+              "mcpServers": {"type": "array", "description": "present when the session has MCP servers: spec (secretEnv values redacted) and state; tools are in GET /v1/sessions/{id}/mcp", "items": {"$ref": "#/components/schemas/McpServer"}}}},
           "Sessions": {"type": "object", "properties": {"sessions": {"type": "array", "items": {"$ref": "#/components/schemas/Session"}}}},
           "ProcessStart": {"type": "object", "required": ["argv"], "properties": {
               "processId": {"type": "string", "description": "default: a fresh p-<uuid>"}, "argv": {"type": "array", "items": {"type": "string"}},
@@ -271,6 +358,8 @@ mod tests {
             "/v1/sessions/{id}/processes/{pid}/interrupt",
             "/v1/sessions/{id}/processes/{pid}/terminate",
             "/v1/sessions/{id}/tools",
+            "/v1/sessions/{id}/mcp",
+            "/v1/sessions/{id}/mcp/{serverKey}",
             "/v1/executors/{id}/terminals",
             "/v1/executors/{id}/terminals/{tid}",
             "/v1/executors/{id}/terminals/{tid}/attach",
