@@ -426,10 +426,9 @@ impl<P> McpProxy<P> {
         port: P,
         now: u64,
     ) -> Result<String, (P, Refused)> {
-        let Some(state) = self.clients.get(client) else {
+        if !self.clients.contains_key(client) {
             return Err((port, Refused::UnknownClient));
-        };
-        let _ = state;
+        }
         if self.in_flight.len() >= self.limits.max_in_flight {
             return Err((port, Refused::TooMany));
         }
