@@ -96,21 +96,33 @@ async fn status_until(
     key: &str,
     pred: impl Fn(&McpServerStatus) -> bool,
 ) -> McpServerStatus {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let v = next_event(rig, 60, |m, v| {
+        m == "session.status"
+            && statuses(v)
+                .into_iter()
+                .any(|s| s.server_key == key && pred(&s))
+    })
+    .await;
+    statuses(&v)
+        .into_iter()
+        .find(|s| s.server_key == key)
+        .unwrap()
+}
+
+fn statuses(v: &Value) -> Vec<McpServerStatus> {
+    serde_json::from_value(v["mcpServers"].clone()).unwrap_or_default()
+}
+
+/// The params of the next event that satisfies `pred`, within `secs`.
+async fn next_event(rig: &mut Rig, secs: u64, pred: impl Fn(&str, &Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     loop {
         let (m, v) = tokio::time::timeout_at(deadline, rig.events.recv())
             .await
-            .unwrap_or_else(|_| panic!("no matching status of {key}"))
+            .unwrap_or_else(|_| panic!("no matching event within {secs} s"))
             .unwrap();
-        if m != "session.status" {
-            continue;
-        }
-        let list: Vec<McpServerStatus> =
-            serde_json::from_value(v["mcpServers"].clone()).unwrap_or_default();
-        if let Some(s) = list.into_iter().find(|s| s.server_key == key) {
-            if pred(&s) {
-                return s;
-            }
+        if pred(&m, &v) {
+            return v;
         }
     }
 }
@@ -147,20 +159,13 @@ fn send_raw(rig: &Rig, session: &str, key: &str, payload: String) {
 
 /// The next `mcp.frame` payload from `key` matching `pred`.
 async fn frame(rig: &mut Rig, key: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (m, v) = tokio::time::timeout_at(deadline, rig.events.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no matching mcp.frame from {key}"))
-            .unwrap();
-        if m != "mcp.frame" || v["serverKey"] != key {
-            continue;
-        }
-        let payload: Value = serde_json::from_str(v["payload"].as_str().unwrap()).unwrap();
-        if pred(&payload) {
-            return payload;
-        }
-    }
+    let payload =
+        |v: &Value| -> Value { serde_json::from_str(v["payload"].as_str().unwrap()).unwrap() };
+    let v = next_event(rig, 30, |m, v| {
+        m == "mcp.frame" && v["serverKey"] == key && pred(&payload(v))
+    })
+    .await;
+    payload(&v)
 }
 
 async fn request(

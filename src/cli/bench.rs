@@ -70,6 +70,29 @@ pub enum BenchCommand {
     },
 }
 
+/// Print a report as one JSON object or as its table.
+fn report<R: serde::Serialize, E: std::fmt::Display>(
+    name: &str,
+    json: bool,
+    result: Result<R, E>,
+    table: impl FnOnce(&R) -> String,
+) -> ExitCode {
+    match result {
+        Ok(r) if json => {
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Ok(r) => {
+            print!("{}", table(&r));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bmx bench {name}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 pub async fn run(cmd: BenchCommand) -> ExitCode {
     match cmd {
         BenchCommand::Produce { bytes } => match buffering::produce(bytes) {
@@ -96,20 +119,9 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 pty_bytes: pty_bytes.min(bytes),
                 codecs,
             };
-            match buffering::run(&opts).await {
-                Ok(r) if json => {
-                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
-                    ExitCode::SUCCESS
-                }
-                Ok(r) => {
-                    print!("{}", r.table());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("bmx bench buffering: {e}");
-                    ExitCode::from(1)
-                }
-            }
+            report("buffering", json, buffering::run(&opts).await, |r| {
+                r.table()
+            })
         }
         BenchCommand::Mcp {
             command,
@@ -122,20 +134,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 calls: calls.max(1),
                 concurrency: in_flight.into_iter().filter(|&k| k > 0).collect(),
             };
-            match mcp::run(&opts).await {
-                Ok(r) if json => {
-                    println!("{}", serde_json::to_string(&r).unwrap_or_default());
-                    ExitCode::SUCCESS
-                }
-                Ok(r) => {
-                    print!("{}", r.table());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("bmx bench mcp: {e}");
-                    ExitCode::from(1)
-                }
-            }
+            report("mcp", json, mcp::run(&opts).await, |r| r.table())
         }
         BenchCommand::Scale {
             sessions,

@@ -82,8 +82,8 @@ mod tests {
     #[test]
     fn a_line_or_event_over_the_limit_is_refused() {
         assert_eq!(SseReader::new(8).feed(&[b'x'; 9]), Err(TooLarge));
-        let mut r = SseReader::new(8);
-        r.feed(b"data: 12345\n").unwrap();
-        assert_eq!(r.feed(b"data: 12345\n"), Err(TooLarge));
+        let mut r = SseReader::new(10);
+        r.feed(b"data:12345\n").unwrap();
+        assert_eq!(r.feed(b"data:12345\n"), Err(TooLarge));
     }
 }
