@@ -1293,3 +1293,52 @@ async fn progress_from_a_real_server_reaches_the_client_over_sse() {
     executor.shutdown().await;
     h.shutdown().await;
 }
+
+/// Captures everything the harness logs on this test's thread.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Neither a `secretEnv` value nor an MCP payload appears in what the
+/// harness logs at trace level (one thread: the subscriber sees every
+/// task of this test, and only those).
+#[tokio::test(flavor = "current_thread")]
+async fn neither_secrets_nor_payloads_are_logged_at_trace_level() {
+    const IN_PAYLOAD: &str = "payload-secret-0a9f3e";
+    let buf = LogBuf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let h = harness().await;
+    let fake = fake_mcp(&h, "secret-a", None).await;
+    let sid = session_with(&h, &["everything"]).await;
+    report(&fake.link, &sid, "everything", McpServerState::Ready, 0);
+    listing_until(&h, &sid, |v| !tool_names(v, 0).is_empty()).await;
+    let mut c = Http::new(&h, &sid, "everything");
+    c.initialize().await;
+    let r = c
+        .call(json!(1), "echo", json!({"message": IN_PAYLOAD}), BOTH)
+        .await;
+    assert_eq!(
+        answer_of(&r)["result"]["content"][0]["text"],
+        format!("Echo: {IN_PAYLOAD}")
+    );
+    h.shutdown().await;
+    let logged = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+    assert!(logged.contains("client request"), "trace logging ran");
+    assert!(!logged.contains(SECRET), "a secretEnv value was logged");
+    assert!(!logged.contains(IN_PAYLOAD), "an MCP payload was logged");
+}
