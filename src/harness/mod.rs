@@ -263,6 +263,15 @@ impl HarnessBuilder {
         let router = http::router(shared.clone());
         let stop = shared.shutdown.clone();
         let server = tokio::spawn(async move {
+            // No Nagle: small frames to executors (a tool call, an MCP
+            // message) would otherwise wait for the peer's delayed ACK
+            // (40 ms on Linux) whenever an earlier one is unacknowledged.
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "TCP_NODELAY");
+                }
+            });
             let serve = axum::serve(listener, router)
                 .with_graceful_shutdown(async move { stop.cancelled().await });
             if let Err(e) = serve.await {
