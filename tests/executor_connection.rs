@@ -32,7 +32,10 @@ async fn first_frame_is_register_with_info_and_real_capabilities() {
     let terminal = p.capabilities.terminal.expect("terminal capability");
     assert!(terminal.enabled && terminal.kinds == ["pty"]);
     assert_eq!(terminal.max_sessions, Some(32));
-    assert!(p.capabilities.mcp.is_none() && p.capabilities.agent.is_none());
+    // What it runs, and only that: MCP servers yes, agent turns not yet.
+    let mcp = p.capabilities.mcp.expect("mcp advertised");
+    assert!(mcp.stdio && mcp.http && mcp.secret_env);
+    assert!(p.capabilities.agent.is_none());
     exec.shutdown().await;
 }
 
@@ -348,12 +351,18 @@ async fn malformed_frames_get_errors_and_the_connection_lives() {
         matches!(e, Err(bmx::wire::CallError::Rpc(ref e)) if e.code == -32601),
         "{e:?}"
     );
+    // A built capability with bad params: -32602; one not built: -32012.
     let e = served
         .call::<_, serde_json::Value>(Method::McpOpen, &serde_json::json!({}))
         .await
         .unwrap_err();
+    assert_eq!(e.code, -32602);
+    let e = served
+        .call::<_, serde_json::Value>(Method::TurnStart, &serde_json::json!({}))
+        .await
+        .unwrap_err();
     assert_eq!(e.code, -32012);
-    assert_eq!(e.data.and_then(|d| d.capability).as_deref(), Some("mcp"));
+    assert_eq!(e.data.and_then(|d| d.capability).as_deref(), Some("agent"));
     let e = served
         .call::<_, serde_json::Value>(
             Method::ProcessList,

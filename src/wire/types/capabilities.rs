@@ -95,6 +95,17 @@ wire_struct! {
         pub file_inputs: bool,
         #[serde(default)]
         pub turn_resume: bool,
+        /// bmx extension: the named agents `turn.start.config.agent` may
+        /// pick (the first is the default). Names only: a command line may
+        /// hold what is not the harness's to see.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub agents: Vec<AgentInfo>,
+    }
+}
+
+wire_struct! {
+    pub struct AgentInfo {
+        pub name: String,
     }
 }
 

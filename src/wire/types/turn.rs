@@ -37,6 +37,10 @@ wire_struct! {
         pub system: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub thinking_level: Option<String>,
+        /// bmx extension: which of the executor's named agents runs the
+        /// turn (default: the first it advertises).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub agent: Option<String>,
     }
 }
 
