@@ -63,11 +63,11 @@ impl ExecutorArgs {
         let mut config = ExecutorConfig::new(endpoint, token);
         for spec in &self.agents {
             let Some((name, command)) = spec.split_once('=') else {
-                return Err(format!("--agent {spec:?}: expected NAME=COMMAND").into());
+                return Err(format!("--agent {spec:?}: expected NAME=COMMAND"));
             };
             let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
             if name.is_empty() || argv.is_empty() {
-                return Err(format!("--agent {spec:?}: expected NAME=COMMAND").into());
+                return Err(format!("--agent {spec:?}: expected NAME=COMMAND"));
             }
             config.agents.push((name.to_owned(), argv));
         }

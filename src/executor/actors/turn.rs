@@ -357,10 +357,11 @@ impl Actor for Turn {
             }
             TurnMsg::Response(p, reply) => {
                 let Some(q) = state.questions.remove(&p.interaction_id) else {
-                    return Ok(reply.err(RpcError::not_found(format!(
+                    reply.err(RpcError::not_found(format!(
                         "no open interaction {:?}",
                         p.interaction_id
-                    ))));
+                    )));
+                    return Ok(());
                 };
                 let allow = p.outcome == InteractionOutcome::Allow;
                 let always = allow && p.scope == Some(InteractionScope::Session);
