@@ -308,3 +308,119 @@ async fn cancel_crash_and_one_turn_at_a_time() {
     assert_eq!(events.last().unwrap()["event"]["turnOutcome"], "completed");
     rig.shutdown().await;
 }
+
+/// A stand-in harness with the real sequence rules: accepts `last + 1`,
+/// re-acknowledges a duplicate, refuses a hole with -32009
+/// `expectedSequence`. `cut_at`: close the connection instead of answering
+/// that sequence (the first time it comes).
+struct Strict {
+    last: u64,
+    accepted: Vec<u64>,
+    seen: Vec<u64>,
+    cut_at: Option<u64>,
+}
+
+fn serve_strict(
+    mut conn: Conn,
+    state: std::sync::Arc<std::sync::Mutex<Strict>>,
+    events: tokio::sync::mpsc::UnboundedSender<(String, Value)>,
+) {
+    tokio::spawn(async move {
+        while let Some(g) = conn.rx.recv().await {
+            let method = g.method().to_owned();
+            let params: Value = g.frame.params().unwrap_or(Value::Null);
+            let _ = events.send((method.clone(), params.clone()));
+            let Some(reply) = g.reply else { continue };
+            match method.as_str() {
+                "executor.heartbeat" => reply.ok(&HeartbeatResult {
+                    lease_ttl_ms: 30_000,
+                    server_time: now_rfc3339(),
+                    drain: false,
+                }),
+                "session.event" => {
+                    let seq = params["sequence"].as_u64().unwrap();
+                    let mut s = state.lock().unwrap();
+                    s.seen.push(seq);
+                    if s.cut_at == Some(seq) {
+                        s.cut_at = None;
+                        drop(s);
+                        conn.link.close(bmx::wire::CloseCode::GoingAway, "cut");
+                        continue;
+                    }
+                    if seq == s.last + 1 {
+                        s.last = seq;
+                        s.accepted.push(seq);
+                    }
+                    if seq <= s.last {
+                        reply.ok(&json!({"accepted": true, "ackedSequence": s.last, "eventId": params["eventId"]}));
+                    } else {
+                        reply.err(
+                            RpcError::conflict("sequence_gap", "hole")
+                                .with_expected_sequence(s.last + 1),
+                        );
+                    }
+                }
+                _ => reply.ok(&Accepted::YES),
+            }
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_connection_cut_mid_turn_loses_no_event_and_duplicates_none() {
+    let mut stand_in = stand_in(Options::default()).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut config = stand_in.config(work.path());
+    config.agents = vec![("test".into(), agent())];
+    config.interaction_timeout = Duration::from_secs(2);
+    let executor = bmx::executor::Executor::start(config).await.unwrap();
+    let state = std::sync::Arc::new(std::sync::Mutex::new(Strict {
+        last: 0,
+        accepted: Vec::new(),
+        seen: Vec::new(),
+        cut_at: Some(3),
+    }));
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let mut conn = stand_in.next_conn().await;
+    conn.register(10_000, 30_000).await;
+    let link = conn.link.clone();
+    serve_strict(conn, state.clone(), tx.clone());
+    let _: AssignResult = link
+        .request(
+            Method::SessionAssign,
+            &assign_params("s", 1),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    // The default prompt: six events; the third is cut before its ack.
+    let _: TurnStartResult = link
+        .request(
+            Method::TurnStart,
+            &json!({"sessionId": "s", "turnId": "t", "inputId": "i",
+                "input": [{"type": "text", "text": "cut me"}]}),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    // The executor comes back and resumes.
+    let mut conn = stand_in.next_conn().await;
+    let p = conn.register(10_000, 30_000).await;
+    assert_eq!(p.resume.unwrap().active_sessions, vec!["s".to_owned()]);
+    serve_strict(conn, state.clone(), tx);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while state.lock().unwrap().last < 6 {
+        let _ = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .expect("every event within 30 s");
+    }
+    let s = state.lock().unwrap();
+    assert_eq!(s.accepted, vec![1, 2, 3, 4, 5, 6], "each once, in order");
+    assert!(
+        s.seen.iter().filter(|&&q| q == 3).count() >= 2,
+        "the cut event was sent again: {:?}",
+        s.seen
+    );
+    drop(s);
+    executor.shutdown().await;
+}
