@@ -1245,6 +1245,9 @@ impl Actor for Session {
                 state.ready.disconnected();
                 state.results.disconnected();
                 state.events.disconnected();
+                if let Some((_, t)) = &state.turn {
+                    let _ = t.send_message(TurnMsg::Connected(false));
+                }
                 for e in state.mcp.values() {
                     e.open.store(false, std::sync::atomic::Ordering::Relaxed);
                 }

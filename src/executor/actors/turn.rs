@@ -16,6 +16,7 @@ use super::session::SessionMsg;
 use crate::acp::rpc::Client;
 use crate::acp::schema;
 use crate::acp::updates::{Emit, TurnEvents};
+use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
 use crate::wire::types::{
     Accepted, InteractionCancelParams, InteractionCancelReason, InteractionKind,
@@ -51,6 +52,10 @@ pub enum TurnMsg {
     Expire(String),
     /// The agent did not stop after `session/cancel` in time.
     CancelDeadline,
+    /// `interaction.request` delivery.
+    Questions(OutboxEvent<String>),
+    /// The connection came back (`true`) or went (`false`).
+    Connected(bool),
 }
 
 pub struct TurnArgs {
@@ -78,6 +83,9 @@ struct Question {
 }
 
 pub struct TurnState {
+    /// `interaction.request`s until the harness answers them (again after
+    /// a reconnect): a question is never lost to a cut connection.
+    asks: Delivery<String, InteractionRequestParams>,
     args: TurnArgs,
     events: TurnEvents,
     inputs: VecDeque<String>,
@@ -163,7 +171,14 @@ impl Actor for Turn {
         _myself: ActorRef<TurnMsg>,
         args: TurnArgs,
     ) -> Result<TurnState, ActorProcessingErr> {
+        let connected = args.shared.link().is_some();
         Ok(TurnState {
+            asks: Delivery::new(
+                Method::InteractionRequest,
+                true,
+                MAX_INTERACTIONS,
+                connected,
+            ),
             events: TurnEvents::new(&args.turn_id),
             args,
             inputs: VecDeque::new(),
@@ -343,17 +358,10 @@ impl Actor for Turn {
                 state.questions.insert(interaction_id.clone(), q);
                 let id2 = interaction_id.clone();
                 myself.send_after(timeout, move || TurnMsg::Expire(id2));
-                if let Some(link) = state.args.shared.link() {
-                    let t = state.args.shared.config.request_timeout;
-                    tokio::spawn(async move {
-                        if let Err(e) = link
-                            .request::<_, Value>(Method::InteractionRequest, &params, t)
-                            .await
-                        {
-                            tracing::warn!(interaction = %params.interaction_id, error = %e, "interaction.request not delivered; it will expire");
-                        }
-                    });
-                }
+                let _ = state.asks.push(interaction_id, params);
+                state
+                    .asks
+                    .pump(&state.args.shared, &myself, TurnMsg::Questions);
             }
             TurnMsg::Response(p, reply) => {
                 let Some(q) = state.questions.remove(&p.interaction_id) else {
@@ -363,6 +371,7 @@ impl Actor for Turn {
                     )));
                     return Ok(());
                 };
+                state.asks.ack_where(|k| *k == p.interaction_id);
                 let allow = p.outcome == InteractionOutcome::Allow;
                 let always = allow && p.scope == Some(InteractionScope::Session);
                 if always {
@@ -373,7 +382,20 @@ impl Actor for Turn {
                 state.answer_agent(&q, allow, always);
                 reply.ok(&Accepted::YES);
             }
+            TurnMsg::Questions(event) => {
+                state
+                    .asks
+                    .on_event(event, &state.args.shared, &myself, TurnMsg::Questions);
+            }
+            TurnMsg::Connected(true) => {
+                state.asks.connected();
+                state
+                    .asks
+                    .pump(&state.args.shared, &myself, TurnMsg::Questions);
+            }
+            TurnMsg::Connected(false) => state.asks.disconnected(),
             TurnMsg::Expire(id) => {
+                state.asks.ack_where(|k| *k == id);
                 if let Some(q) = state.questions.remove(&id) {
                     state.answer_agent(&q, false, false);
                     cancel_interaction(&state.args, &id, InteractionCancelReason::Expired);
