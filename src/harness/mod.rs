@@ -42,7 +42,9 @@ pub mod actors;
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod http;
+pub mod interactions;
 pub mod mcp_proxy;
 pub mod runtime;
 pub mod types;
@@ -237,6 +239,7 @@ impl HarnessBuilder {
             while shared.leases().is_none()
                 || shared.connections().is_none()
                 || shared.mcp().is_none()
+                || shared.turns_sup().is_none()
             {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
