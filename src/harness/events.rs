@@ -81,8 +81,8 @@ impl Stored {
 pub enum Item {
     /// A final event (has a sequence; replayable).
     Event(Arc<Stored>),
-    /// Live only: a delta, an interaction notice (its JSON record).
-    Live(Arc<str>),
+    /// Live only: a delta or an interaction notice (its kind and JSON record).
+    Live(&'static str, Arc<str>),
     /// Events `from..=to` were dropped before this subscriber could get them.
     Gap { from: u64, to: u64 },
     /// The session ended: nothing follows.
@@ -256,11 +256,11 @@ impl<S: Sink> EventLog<S> {
 
     /// Offer a live-only item (a delta, an interaction notice) to every
     /// subscriber. Nothing is kept.
-    pub fn live(&mut self, json: Arc<str>) {
+    pub fn live(&mut self, kind: &'static str, json: Arc<str>) {
         if self.ended.is_some() {
             return;
         }
-        self.fan_out(|_| Some(Item::Live(json.clone())));
+        self.fan_out(|_| Some(Item::Live(kind, json.clone())));
     }
 
     /// Subscribe with cursor `after` (the last sequence the client has; 0
@@ -462,10 +462,10 @@ mod tests {
             replay.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
             vec![2, 3]
         );
-        log.live(Arc::from("delta"));
+        log.live("delta", Arc::from("delta"));
         log.accept(4, js(4));
         let items = q.drain();
-        assert_eq!(items[0], Item::Live(Arc::from("delta")));
+        assert_eq!(items[0], Item::Live("delta", Arc::from("delta")));
         assert_eq!(seqs(&items), vec![4]);
         assert_eq!(
             log.subscribe(9, Q::new(1)).unwrap_err(),
@@ -624,7 +624,7 @@ mod tests {
                             Decision::Ended => prop_assert!(false),
                         }
                     }
-                    Op::Delta => log.live(Arc::from("d")),
+                    Op::Delta => log.live("delta", Arc::from("d")),
                     Op::Connect { client } => {
                         let c = &mut clients[client];
                         if let Some((id, _)) = c.conn.take() {

@@ -52,8 +52,13 @@ pub mod types;
 pub use api::mcp::{McpServerInfo, McpServerView, McpToolInfo, McpToolsView};
 pub use api::sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
 pub use api::terminals::{OpenTerminal, TerminalState, TerminalView, Terminals};
+pub use api::turns::{
+    CancelTurn, EventStream, InteractionAnswer, MoreInput, StartTurn, StreamItem, TurnInput,
+    TurnStarted,
+};
 pub use config::{Authenticator, EventCallback, HarnessConfig};
 pub use error::ApiError;
+pub use interactions::{InteractionState, InteractionView};
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
 
 use crate::lease::{LeaseStore, MemoryLeaseStore};

@@ -319,7 +319,7 @@ impl TurnsState {
 
     /// Tell stream clients and the platform's callback about an interaction.
     fn notice(&mut self, v: &InteractionView) {
-        self.log.live(interaction_json(v));
+        self.log.live("interaction", interaction_json(v));
         self.shared.emit(HarnessEvent::Interaction(v.clone()));
     }
 
@@ -401,7 +401,7 @@ impl TurnsState {
             "index": p.index,
             "text": p.text,
         });
-        self.log.live(Arc::from(json.to_string()));
+        self.log.live("delta", Arc::from(json.to_string()));
         self.shared.emit(HarnessEvent::SessionEventDelta(p));
     }
 
