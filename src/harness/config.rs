@@ -1,6 +1,8 @@
 //! Harness configuration: what `bmx harness` parses and what an embedding
 //! platform fills in through [`HarnessBuilder`](super::HarnessBuilder).
 
+use crate::harness::events::LogLimits;
+use crate::harness::interactions::InteractionLimits;
 use crate::wire::types::RegisterResult;
 use crate::wire::Subprotocol;
 use std::net::SocketAddr;
@@ -83,6 +85,18 @@ pub struct HarnessConfig {
     /// Messages queued for one client's notification stream (GET); a
     /// client that falls this far behind loses its stream.
     pub mcp_stream_queue: usize,
+    /// Agent turns (docs/agents.md): what each session's event stream
+    /// keeps (newest 10 000 events / 16 MiB while it lives, 1 000 / 1 MiB
+    /// once it ended) and how many clients may follow it at once (64).
+    pub event_log: LogLimits,
+    /// Live items (events, deltas, interaction notices) queued for one
+    /// event-stream client; a client this far behind is dropped with an
+    /// `error` item (`slow_subscriber`) and reconnects with its last id.
+    pub event_subscriber_queue: usize,
+    /// Pending interactions per session (64), resolved ones remembered (256).
+    pub interactions: InteractionLimits,
+    /// Sessions whose agent stream the harness serves at once.
+    pub turns_max_sessions: usize,
 }
 
 impl Default for HarnessConfig {
@@ -115,6 +129,10 @@ impl Default for HarnessConfig {
             mcp_max_in_flight: 256,
             mcp_max_channels: 4096,
             mcp_stream_queue: 256,
+            event_log: LogLimits::default(),
+            event_subscriber_queue: 4096,
+            interactions: InteractionLimits::default(),
+            turns_max_sessions: 8192,
         }
     }
 }

@@ -42,7 +42,9 @@ pub mod actors;
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod http;
+pub mod interactions;
 pub mod mcp_proxy;
 pub mod runtime;
 pub mod types;
@@ -50,8 +52,13 @@ pub mod types;
 pub use api::mcp::{McpServerInfo, McpServerView, McpToolInfo, McpToolsView};
 pub use api::sessions::{process_params, CreateSession, ReadRequest, Session, Sessions, ToolCall};
 pub use api::terminals::{OpenTerminal, TerminalState, TerminalView, Terminals};
+pub use api::turns::{
+    CancelTurn, EventStream, InteractionAnswer, MoreInput, StartTurn, StreamItem, TurnInput,
+    TurnStarted,
+};
 pub use config::{Authenticator, EventCallback, HarnessConfig};
 pub use error::ApiError;
+pub use interactions::{InteractionState, InteractionView};
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
 
 use crate::lease::{LeaseStore, MemoryLeaseStore};
@@ -237,6 +244,7 @@ impl HarnessBuilder {
             while shared.leases().is_none()
                 || shared.connections().is_none()
                 || shared.mcp().is_none()
+                || shared.turns_sup().is_none()
             {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }

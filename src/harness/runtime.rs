@@ -14,6 +14,7 @@
 use super::actors::connection::ConnMsg;
 use super::actors::leases::LeasesMsg;
 use super::actors::mcp::McpMsg;
+use super::actors::turns::TurnsMsg;
 use super::api::mcp::McpToolsView;
 use crate::harness::api::terminals::TerminalRegistry;
 use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
@@ -82,6 +83,12 @@ pub struct Shared {
     pub mcp_tools: DashMap<(String, String), McpToolsView>,
     /// The dynamic supervisor of the MCP channel actors.
     mcp: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
+    /// Session → its agent stream actor (events, subscribers,
+    /// interactions); each entry written only by that actor (and removed
+    /// by [`crate::harness::actors::turns::forget`]).
+    pub turns: DashMap<String, ActorRef<TurnsMsg>>,
+    /// The dynamic supervisor of the agent stream actors.
+    turns_sup: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     /// The current leases actor; replaced each time it is (re)started.
     leases: watch::Sender<Option<ActorRef<LeasesMsg>>>,
     /// The dynamic supervisor of the connection actors.
@@ -116,6 +123,8 @@ impl Shared {
             mcp_channels: DashMap::new(),
             mcp_tools: DashMap::new(),
             mcp: std::sync::RwLock::new(None),
+            turns: DashMap::new(),
+            turns_sup: std::sync::RwLock::new(None),
             leases: watch::channel(None).0,
             connections: std::sync::RwLock::new(None),
             next_conn: AtomicU64::new(1),
@@ -164,6 +173,21 @@ impl Shared {
     /// The supervisor MCP channel actors are started under.
     pub(crate) fn mcp(&self) -> Option<ActorRef<DynamicMsg>> {
         self.mcp
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set_turns_sup(&self, sup: ActorRef<DynamicMsg>) {
+        *self
+            .turns_sup
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sup);
+    }
+
+    /// The supervisor agent stream actors are started under.
+    pub(crate) fn turns_sup(&self) -> Option<ActorRef<DynamicMsg>> {
+        self.turns_sup
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()

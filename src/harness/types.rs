@@ -104,9 +104,12 @@ pub enum HarnessEvent {
     ToolProgress(ToolProgressParams),
     /// Delivered once per `toolCallId`, duplicates from the executor are not repeated.
     ToolResult(ToolResultParams),
+    /// An agent event, once per sequence (resends are not repeated).
     SessionEvent(SessionEventParams),
     SessionEventDelta(EventDeltaParams),
-    /// A v1.1 frame the harness does not act on (interactions, terminals),
+    /// An interaction became pending, or was answered, canceled or expired.
+    Interaction(crate::harness::interactions::InteractionView),
+    /// A v1.1 frame the harness does not act on (terminals),
     /// passed through as it came. MCP frames never appear here: their
     /// payloads may carry secrets.
     Other {

@@ -10,11 +10,13 @@
 //! connections with 4008 and ends sessions whose orphaned lease ran out.
 //!
 //! It also publishes the platform's view of sessions ([`Shared::sessions`]),
-//! holds the waiters of tool calls and stops, delivers `tool.result` exactly
-//! once and sequences `session.event`. The rules of all four are sans-IO
-//! cores in [`crate::lease`] ([`LeaseTable`], [`SessionViews`],
-//! [`ToolResults`], [`EventSequencer`]); this actor feeds them the harness
-//! clock and frames, and carries out what they return.
+//! holds the waiters of tool calls and stops, and delivers `tool.result`
+//! exactly once. The rules of all three are sans-IO cores in
+//! [`crate::lease`] ([`LeaseTable`], [`SessionViews`], [`ToolResults`]);
+//! this actor feeds them the harness clock and frames, and carries out what
+//! they return. The agent stream's frames (`session.event`, deltas,
+//! interactions) are fenced here like every session-scoped frame, then
+//! handed to the session's stream actor ([`super::turns`]).
 //!
 //! The actor is `permanent` under the harness root supervisor. Everything
 //! it must not lose is outside it: fencing counters in the [`LeaseStore`],
@@ -23,25 +25,26 @@
 //! empty), and a crash loses no lease and never lowers a fencing token. What
 //! a crash does lose: the waiters of calls in flight (their callers get an
 //! error, see `api::sessions`), the memory of results already delivered
-//! (a duplicate `tool.result` arriving after a crash is published again)
-//! and the expected event sequence (the next event sets it).
+//! (a duplicate `tool.result` arriving after a crash is published again).
 
 #![allow(clippy::result_large_err)]
 
 use super::mcp::{self, McpMsg};
+use super::turns::{self, TurnsMsg};
 use crate::harness::api::mcp::McpServerInfo;
 use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
 use crate::harness::types::{HarnessEvent, SessionInfo, SessionState};
 use crate::lease::session_view::{Restored, ViewEntry};
 use crate::lease::{
-    ConnId, Delivery, EventDecision, EventSequencer, Grant, LeaseError, LeaseStore, LeaseTable,
-    Lookup, Registered, RestoredLease, SessionViews, StopStart, ToolResults, ViewEffect,
+    ConnId, Delivery, Grant, LeaseError, LeaseStore, LeaseTable, Lookup, Registered, RestoredLease,
+    SessionViews, StopStart, ToolResults, ViewEffect,
 };
 use crate::wire::types::{
-    now_rfc3339, Accepted, ConnectionOrigin, EndedParams, EventDeltaParams, JsonMap,
-    McpServerState, ProcessStatusParams, ReadyParams, SessionEventParams, SessionEventResult,
-    SessionRefParams, StatusParams, ToolProgressParams, ToolResultParams,
+    now_rfc3339, Accepted, ConnectionOrigin, EndedParams, EventDeltaParams,
+    InteractionCancelParams, InteractionRequestParams, JsonMap, McpServerState,
+    ProcessStatusParams, ReadyParams, SessionEventParams, SessionRefParams, StatusParams,
+    ToolProgressParams, ToolResultParams,
 };
 use crate::wire::{
     decode_params, CloseCode, ErrorCode, Inbound, Link, Method, Responder, RpcError,
@@ -155,7 +158,6 @@ pub struct LeasesState {
     timer: Option<(u64, Timer)>,
     views: SessionViews<StopWaiter>,
     tools: ToolResults<ToolWaiter, ToolResultParams>,
-    events: EventSequencer,
 }
 
 #[derive(Clone)]
@@ -291,7 +293,6 @@ impl LeasesState {
             timer: None,
             views,
             tools: ToolResults::new(RESULTS_KEPT),
-            events: EventSequencer::new(),
         };
         state.apply(effects);
         // Sessions whose holder is gone but that were still published as
@@ -341,6 +342,7 @@ impl LeasesState {
                     waiters,
                 } => self.ended(&session_id, &reason, waiters),
                 ViewEffect::Forget { session_id } => {
+                    turns::forget(&self.shared, &session_id);
                     self.shared.sessions.remove(&session_id);
                     self.shared.lease_deadlines.remove(&session_id);
                 }
@@ -565,7 +567,6 @@ impl LeasesState {
         for (id, w) in self.tools.end(&session_id) {
             let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
         }
-        self.events.forget(&session_id);
         self.shared.lease_deadlines.remove(&session_id);
         self.shared.sessions.insert(
             session_id.clone(),
@@ -612,7 +613,6 @@ impl LeasesState {
             for (id, w) in self.tools.end(session_id) {
                 let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
             }
-            self.events.forget(session_id);
         }
         self.apply(effects);
     }
@@ -726,8 +726,8 @@ impl LeasesState {
                 let _ = w.send(info.clone());
             }
         }
-        self.events.forget(session_id);
         mcp::session_ended(&self.shared, session_id, reason);
+        turns::session_ended(&self.shared, session_id, reason);
         self.shared.emit(HarnessEvent::SessionEnded {
             session_id: session_id.to_owned(),
             reason: reason.to_owned(),
@@ -908,67 +908,39 @@ impl LeasesState {
                 }
                 self.shared.emit(HarnessEvent::ProcessStatus(p));
             }
+            // The agent stream's frames go to the session's stream actor
+            // (actors::turns), which sequences, keeps and fans them out.
             Method::SessionEvent => {
-                let Some(p) = decode_params::<SessionEventParams>(&frame, &mut reply) else {
-                    return;
-                };
-                let acked = match self.events.accept(&session_id, p.sequence) {
-                    EventDecision::Accept { acked } => acked,
-                    // A resent event already acknowledged: acknowledge again.
-                    EventDecision::Repeat { acked } => {
-                        return answer(
-                            reply,
-                            Ok(SessionEventResult {
-                                accepted: true,
-                                acked_sequence: acked,
-                                event_id: p.event_id,
-                            }),
-                        );
-                    }
-                    EventDecision::Hole { expected } => {
-                        return answer::<Accepted>(
-                            reply,
-                            Err(RpcError::conflict(
-                                "unexpected_sequence",
-                                "event sequence has a hole",
-                            )
-                            .with_expected_sequence(expected)),
-                        );
-                    }
-                };
-                let result = SessionEventResult {
-                    accepted: true,
-                    acked_sequence: acked,
-                    event_id: p.event_id.clone(),
-                };
-                self.shared.emit(HarnessEvent::SessionEvent(p));
-                answer(reply, Ok(result));
+                if let Some(params) = decode_params::<SessionEventParams>(&frame, &mut reply) {
+                    turns::from_executor(
+                        &self.shared,
+                        &session_id,
+                        TurnsMsg::Event { params, reply },
+                    );
+                }
             }
             Method::SessionEventDelta => {
                 if let Some(p) = decode_params::<EventDeltaParams>(&frame, &mut reply) {
-                    self.shared.emit(HarnessEvent::SessionEventDelta(p));
+                    turns::from_executor(&self.shared, &session_id, TurnsMsg::Delta(p));
                 }
             }
-            Method::InteractionRequest | Method::InteractionCancel => {
-                let Some(params) = decode_params::<serde_json::Value>(&frame, &mut reply) else {
-                    return;
-                };
-                let id = params
-                    .get("interactionId")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default()
-                    .to_owned();
-                self.shared.emit(HarnessEvent::Other {
-                    method: method.as_str().to_owned(),
-                    params,
-                });
-                if method == Method::InteractionRequest {
-                    answer(
-                        reply,
-                        Ok(serde_json::json!({"accepted": true, "platformInteractionId": id})),
+            Method::InteractionRequest => {
+                if let Some(params) = decode_params::<InteractionRequestParams>(&frame, &mut reply)
+                {
+                    turns::from_executor(
+                        &self.shared,
+                        &session_id,
+                        TurnsMsg::InteractionRequest { params, reply },
                     );
-                } else {
-                    answer(reply, Ok(Accepted::YES));
+                }
+            }
+            Method::InteractionCancel => {
+                if let Some(params) = decode_params::<InteractionCancelParams>(&frame, &mut reply) {
+                    turns::from_executor(
+                        &self.shared,
+                        &session_id,
+                        TurnsMsg::InteractionCancel { params, reply },
+                    );
                 }
             }
             other => answer::<Accepted>(reply, Err(RpcError::method_not_found(other.as_str()))),

@@ -8,6 +8,9 @@
 //! ├── mcp              dynamic supervisor
 //! │   └── <session>/<serverKey>  temporary, one per MCP channel: client
 //! │                    sessions, id map, progress routing, tool list
+//! ├── turns            dynamic supervisor
+//! │   └── <session>    temporary, one per session's agent stream: the
+//! │                    event log and its subscribers, interactions
 //! └── connections      dynamic supervisor
 //!     └── connection <n>  temporary, one per executor connection: register,
 //!                      heartbeat, token refresh; forwards session frames
@@ -21,3 +24,4 @@ pub mod connection;
 pub mod leases;
 pub mod mcp;
 pub mod root;
+pub mod turns;

@@ -1,5 +1,5 @@
-//! The harness's root supervisor: the leases actor, the dynamic supervisor
-//! of the MCP channels, then the dynamic supervisor of the executor
+//! The harness's root supervisor: the leases actor, the dynamic supervisors
+//! of the MCP channels and of the agent streams, then the one of the executor
 //! connections (stopped first, in reverse order).
 //!
 //! `leases` is `permanent`: if it fails it is started again at once, and
@@ -11,6 +11,10 @@
 //! `mcp` holds one `temporary` child per MCP channel (session × server),
 //! started on first use (an HTTP client, or the server becoming ready) and
 //! stopped when its session ends.
+//!
+//! `turns` holds one `temporary` child per session's agent stream (event
+//! log, subscribers, interactions), started when the session is created
+//! and stopped when the platform's view forgets it.
 //!
 //! `connections` holds one `temporary` child per executor connection, with
 //! the connection id as child id. A failed connection actor is not
@@ -89,10 +93,29 @@ pub async fn start(
         }
     })
     .shutdown_timeout(Duration::from_secs(5));
+    let max_streams = shared.config.turns_max_sessions;
+    let weak = Arc::downgrade(&shared);
+    let turns = ChildSpec::new("turns", Restart::Permanent, move |sup: ActorCell| {
+        let weak = weak.clone();
+        async move {
+            // Stream actors are temporary: one that fails loses its log
+            // (its clients' streams end; see actors::turns) and the next
+            // frame or client starts a fresh one.
+            let spec = DynamicSpec::new("turns").max_children(max_streams);
+            let turns = DynamicSupervisor::start_linked(spec, sup)
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(s) = weak.upgrade() {
+                s.set_turns_sup(turns.clone());
+            }
+            Ok(turns.get_cell())
+        }
+    })
+    .shutdown_timeout(Duration::from_secs(5));
     Supervisor::start(SupervisorSpec {
         strategy: Strategy::OneForOne,
         intensity: Some(INTENSITY),
-        children: vec![leases, mcp, connections],
+        children: vec![leases, mcp, turns, connections],
     })
     .await
 }

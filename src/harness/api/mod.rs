@@ -4,3 +4,4 @@
 pub mod mcp;
 pub mod sessions;
 pub mod terminals;
+pub mod turns;

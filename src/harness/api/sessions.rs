@@ -191,6 +191,8 @@ impl Sessions {
             })
             .await;
         result?;
+        // Its agent stream (events, interactions) starts at sequence 1.
+        crate::harness::actors::turns::session_created(shared, &session_id).await;
         Ok(Session {
             shared: shared.clone(),
             id: session_id,
@@ -221,8 +223,8 @@ impl Sessions {
 /// One session of the platform.
 #[derive(Clone)]
 pub struct Session {
-    shared: Arc<Shared>,
-    id: String,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: String,
 }
 
 impl std::fmt::Debug for Session {
@@ -261,7 +263,7 @@ impl Session {
         .await?
     }
 
-    async fn request<P: Serialize, R: serde::de::DeserializeOwned>(
+    pub(crate) async fn request<P: Serialize, R: serde::de::DeserializeOwned>(
         &self,
         method: Method,
         params: &P,

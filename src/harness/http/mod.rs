@@ -4,6 +4,7 @@ pub mod listener;
 pub mod mcp;
 pub mod openapi;
 pub mod relay;
+pub mod turns;
 
 use self::relay::AttachQuery;
 use super::api::sessions::{CreateSession, ReadRequest, Sessions, ToolCall};
@@ -70,6 +71,22 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             post(terminate),
         )
         .route("/v1/sessions/{id}/tools", post(call_tool))
+        .route("/v1/sessions/{id}/turns", post(turns::start))
+        .route("/v1/sessions/{id}/turns/{turnId}/input", post(turns::input))
+        .route(
+            "/v1/sessions/{id}/turns/{turnId}/cancel",
+            post(turns::cancel),
+        )
+        .route("/v1/sessions/{id}/events", get(turns::events))
+        .route("/v1/sessions/{id}/events/ws", get(turns::events_ws))
+        .route(
+            "/v1/sessions/{id}/interactions",
+            get(turns::list_interactions),
+        )
+        .route(
+            "/v1/sessions/{id}/interactions/{interactionId}",
+            get(turns::get_interaction).post(turns::answer_interaction),
+        )
         .route("/v1/sessions/{id}/mcp", get(mcp::list))
         .route(
             "/v1/sessions/{id}/mcp/{serverKey}",

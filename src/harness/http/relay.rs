@@ -257,7 +257,7 @@ pub fn relay_base(public_url: Option<&str>, bound: SocketAddr) -> Result<String,
 
 /// The `Sec-WebSocket-Accept` for a WebSocket upgrade request, `None` if
 /// it is not one.
-fn ws_accept(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn ws_accept(headers: &HeaderMap) -> Option<String> {
     let is_ws = headers
         .get(header::UPGRADE)
         .and_then(|v| v.to_str().ok())
@@ -266,7 +266,7 @@ fn ws_accept(headers: &HeaderMap) -> Option<String> {
     Some(derive_accept_key(key.as_bytes()))
 }
 
-fn switching(accept: String, subprotocol: Option<&'static str>) -> Response {
+pub(crate) fn switching(accept: String, subprotocol: Option<&'static str>) -> Response {
     let mut b = Response::builder()
         .status(StatusCode::SWITCHING_PROTOCOLS)
         .header(header::CONNECTION, "upgrade")
@@ -279,7 +279,7 @@ fn switching(accept: String, subprotocol: Option<&'static str>) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-async fn server_ws(upgraded: hyper::upgrade::Upgraded, max: usize) -> WsStream {
+pub(crate) async fn server_ws(upgraded: hyper::upgrade::Upgraded, max: usize) -> WsStream {
     let io: BoxIo = Box::new(hyper_util::rt::TokioIo::new(upgraded));
     WebSocketStream::from_raw_socket(io, Role::Server, Some(transport::ws_config(max))).await
 }

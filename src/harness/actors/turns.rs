@@ -1,0 +1,663 @@
+//! One actor per session's agent stream (harness side): its event log and
+//! subscribers ([`EventLog`]) and its pending interactions
+//! ([`Interactions`]), driven with the harness clock.
+//!
+//! Frames reach it after the leases actor fenced them (a frame on a
+//! connection that does not hold the session's lease never gets here:
+//! -32010): `session.event` (sequenced, acknowledged), `session.event_delta`
+//! (fanned out live), `interaction.request` / `interaction.cancel`. The HTTP
+//! API subscribes clients, lists interactions and marks answers on their
+//! way (the API sends `interaction.response` itself, over the session's
+//! route, and reports back).
+//!
+//! Started under the harness's `turns` dynamic supervisor when the session
+//! is created ([`session_created`]); it outlives the session's end to serve
+//! the tail of the stream (trimmed to the ended limits) and stops when the
+//! platform's view forgets the session ([`forget`]). It is `temporary`:
+//! one that fails loses its log and pending interactions (its subscribers'
+//! streams end with `stream_closed`); the next use starts a fresh actor
+//! whose log takes the next sequence the executor sends as its start.
+
+use crate::harness::error::ApiError;
+use crate::harness::events::{EventLog, Item, Offer, Replay, Sink, SubscribeError};
+use crate::harness::interactions::{
+    AnswerError, InteractionState, InteractionView, Interactions, RequestDecision,
+};
+use crate::harness::runtime::Shared;
+use crate::harness::types::{HarnessEvent, SessionState};
+use crate::supervisor::{start_actor, ChildSpec, StartChildError};
+use crate::wire::types::{
+    now_rfc3339, Accepted, EventDeltaParams, InteractionCancelParams, InteractionOutcome,
+    InteractionRequestParams, InteractionRequestResult, SessionEventParams, SessionEventResult,
+};
+use crate::wire::{ErrorCode, Responder, RpcError};
+use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+type Timer = JoinHandle<Result<(), ractor::MessagingErr<TurnsMsg>>>;
+
+/// Ids from the executor longer than this are refused (-32602).
+const MAX_ID_LEN: usize = 256;
+/// An event `type` longer than this is refused.
+const MAX_TYPE_LEN: usize = 128;
+
+pub enum TurnsMsg {
+    /// `session.event`, fenced.
+    Event {
+        params: SessionEventParams,
+        reply: Option<Responder>,
+    },
+    /// `session.event_delta`, fenced.
+    Delta(EventDeltaParams),
+    InteractionRequest {
+        params: InteractionRequestParams,
+        reply: Option<Responder>,
+    },
+    InteractionCancel {
+        params: InteractionCancelParams,
+        reply: Option<Responder>,
+    },
+    /// A platform client wants the stream after `after`.
+    Subscribe {
+        after: u64,
+        reply: oneshot::Sender<Result<Subscription, ApiError>>,
+    },
+    Unsubscribe(u64),
+    /// Pending interactions, or one (live or remembered) by id.
+    Interactions {
+        id: Option<String>,
+        reply: oneshot::Sender<Vec<InteractionView>>,
+    },
+    /// An answer is about to be sent: mark it `responding`.
+    BeginAnswer {
+        id: String,
+        reply: oneshot::Sender<Result<InteractionView, AnswerError>>,
+    },
+    /// How sending the answer went: `Ok` taken by the executor, `Err(true)`
+    /// the executor does not know it (gone there), `Err(false)` not
+    /// delivered (pending again).
+    AnswerDone {
+        id: String,
+        result: Result<InteractionOutcome, bool>,
+        reply: oneshot::Sender<Option<InteractionView>>,
+    },
+    /// The session ended: pending interactions go away, subscribers get
+    /// the end, the log shrinks.
+    SessionEnded {
+        reason: String,
+    },
+    /// The session id was granted anew: start over.
+    Reset,
+    /// Interaction deadlines.
+    Tick,
+}
+
+/// A subscriber's side: the replay, then its live items.
+pub struct Subscription {
+    pub id: u64,
+    pub replay: Replay,
+    pub rx: mpsc::Receiver<Item>,
+    /// Fires when the subscriber was dropped for being slow.
+    pub kicked: oneshot::Receiver<()>,
+    pub actor: ActorRef<TurnsMsg>,
+}
+
+/// A subscriber's bounded queue.
+pub struct ChannelSink {
+    tx: mpsc::Sender<Item>,
+    kick: Option<oneshot::Sender<()>>,
+}
+
+impl Sink for ChannelSink {
+    fn offer(&mut self, item: Item) -> Offer {
+        match self.tx.try_send(item) {
+            Ok(()) => Offer::Taken,
+            Err(mpsc::error::TrySendError::Full(_)) => Offer::Full,
+            Err(mpsc::error::TrySendError::Closed(_)) => Offer::Gone,
+        }
+    }
+
+    fn kick(mut self) {
+        if let Some(k) = self.kick.take() {
+            let _ = k.send(());
+        }
+    }
+}
+
+pub struct SessionTurns;
+
+pub struct TurnsArgs {
+    pub shared: Arc<Shared>,
+    pub session_id: String,
+    /// A new session (the first event is sequence 1), or one whose stream
+    /// was lost (the first event sets the start).
+    pub fresh: bool,
+}
+
+pub struct TurnsState {
+    shared: Arc<Shared>,
+    session_id: String,
+    span: tracing::Span,
+    log: EventLog<ChannelSink>,
+    interactions: Interactions,
+    timer: Option<(u64, Timer)>,
+}
+
+impl Actor for SessionTurns {
+    type Msg = TurnsMsg;
+    type State = TurnsState;
+    type Arguments = TurnsArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<TurnsMsg>,
+        a: TurnsArgs,
+    ) -> Result<TurnsState, ActorProcessingErr> {
+        let span = tracing::info_span!("session_turns", session = %a.session_id);
+        let config = &a.shared.config;
+        let log = if a.fresh {
+            EventLog::new(config.event_log)
+        } else {
+            span.in_scope(|| tracing::info!("event stream rebuilt: the next event sets the start"));
+            EventLog::unknown(config.event_log)
+        };
+        a.shared.turns.insert(a.session_id.clone(), myself);
+        Ok(TurnsState {
+            interactions: Interactions::new(config.interactions),
+            shared: a.shared,
+            session_id: a.session_id,
+            span,
+            log,
+            timer: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<TurnsMsg>,
+        msg: TurnsMsg,
+        state: &mut TurnsState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        let _g = span.enter();
+        state.handle(&myself, msg);
+        state.rearm(&myself);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<TurnsMsg>,
+        state: &mut TurnsState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some((_, t)) = state.timer.take() {
+            t.abort();
+        }
+        let id = myself.get_id();
+        state
+            .shared
+            .turns
+            .remove_if(&state.session_id, |_, a| a.get_id() == id);
+        Ok(())
+    }
+}
+
+fn answer<R: serde::Serialize>(reply: Option<Responder>, result: Result<R, RpcError>) {
+    match (reply, result) {
+        (Some(r), result) => r.send(result),
+        (None, Err(e)) => tracing::debug!(error = %e, "notification refused"),
+        (None, Ok(_)) => {}
+    }
+}
+
+fn bad_id(what: &str, id: &str) -> Option<RpcError> {
+    (id.is_empty() || id.len() > MAX_ID_LEN)
+        .then(|| RpcError::invalid_params(format!("{what} must be 1 to {MAX_ID_LEN} characters")))
+}
+
+/// Milliseconds from now until an RFC 3339 time stamp (0 if past).
+fn ms_until(stamp: &str) -> Option<u64> {
+    let at =
+        time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339).ok()?;
+    let left = at - time::OffsetDateTime::now_utc();
+    Some(left.whole_milliseconds().clamp(0, i128::from(u64::MAX)) as u64)
+}
+
+/// The JSON record of an interaction notice on the event stream.
+fn interaction_json(view: &InteractionView) -> Arc<str> {
+    let mut v = serde_json::to_value(view).unwrap_or_else(|_| json!({}));
+    if let Some(o) = v.as_object_mut() {
+        o.insert("kind".into(), json!("interaction"));
+    }
+    Arc::from(v.to_string())
+}
+
+impl TurnsState {
+    fn now(&self) -> u64 {
+        self.shared.now_ms()
+    }
+
+    fn handle(&mut self, myself: &ActorRef<TurnsMsg>, msg: TurnsMsg) {
+        match msg {
+            TurnsMsg::Event { params, reply } => self.event(params, reply),
+            TurnsMsg::Delta(p) => self.delta(p),
+            TurnsMsg::InteractionRequest { params, reply } => self.interaction(params, reply),
+            TurnsMsg::InteractionCancel { params, reply } => {
+                if let Some(e) = bad_id("interactionId", &params.interaction_id) {
+                    return answer::<Accepted>(reply, Err(e));
+                }
+                let reason = serde_json::to_value(params.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "canceled".into());
+                if let Some(v) = self.interactions.cancel(&params.interaction_id, &reason) {
+                    tracing::info!(interaction = %params.interaction_id, %reason, "interaction canceled by the executor");
+                    self.notice(&v);
+                }
+                answer(reply, Ok(Accepted::YES));
+            }
+            TurnsMsg::Subscribe { after, reply } => {
+                let _ = reply.send(self.subscribe(myself, after));
+            }
+            TurnsMsg::Unsubscribe(id) => self.log.unsubscribe(id),
+            TurnsMsg::Interactions { id, reply } => {
+                let v = match id {
+                    Some(id) => self.interactions.get(&id).into_iter().collect(),
+                    None => self.interactions.pending(),
+                };
+                let _ = reply.send(v);
+            }
+            TurnsMsg::BeginAnswer { id, reply } => {
+                let r = self.interactions.begin_answer(&id);
+                if let Ok(v) = &r {
+                    self.notice(&InteractionView {
+                        state: InteractionState::Responding,
+                        ..v.clone()
+                    });
+                }
+                let _ = reply.send(r);
+            }
+            TurnsMsg::AnswerDone { id, result, reply } => {
+                let view = match result {
+                    Ok(outcome) => self.interactions.answered(&id, outcome),
+                    Err(true) => self.interactions.cancel(&id, "unknown_to_executor"),
+                    Err(false) => {
+                        self.interactions.answer_failed(&id);
+                        self.interactions.get(&id)
+                    }
+                };
+                if let Some(v) = &view {
+                    self.notice(v);
+                }
+                let _ = reply.send(view);
+            }
+            TurnsMsg::SessionEnded { reason } => {
+                for v in self.interactions.cancel_all("session_ended") {
+                    self.notice(&v);
+                }
+                self.log.end(&reason);
+                tracing::debug!(%reason, kept = self.log.len(), "session ended: event stream closed");
+            }
+            TurnsMsg::Reset => {
+                self.log.end("session_restarted");
+                self.log = EventLog::new(self.shared.config.event_log);
+                self.interactions = Interactions::new(self.shared.config.interactions);
+            }
+            TurnsMsg::Tick => {
+                let now = self.now();
+                for v in self.interactions.tick(now) {
+                    tracing::info!(interaction = %v.request.interaction_id, "interaction expired");
+                    self.notice(&v);
+                }
+            }
+        }
+    }
+
+    /// Tell stream clients and the platform's callback about an interaction.
+    fn notice(&mut self, v: &InteractionView) {
+        self.log.live("interaction", interaction_json(v));
+        self.shared.emit(HarnessEvent::Interaction(v.clone()));
+    }
+
+    fn event(&mut self, p: SessionEventParams, reply: Option<Responder>) {
+        if let Some(e) = bad_id("turnId", &p.turn_id).or_else(|| bad_id("eventId", &p.event_id)) {
+            return answer::<Accepted>(reply, Err(e));
+        }
+        let kind_ok = p
+            .event
+            .get("type")
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| !t.is_empty() && t.len() <= MAX_TYPE_LEN);
+        if !kind_ok || p.sequence == 0 {
+            return answer::<Accepted>(
+                reply,
+                Err(RpcError::invalid_params(
+                    "an event needs sequence >= 1 and event.type (a string of 1 to 128 characters)",
+                )),
+            );
+        }
+        let decision = self.log.accept(p.sequence, || {
+            Arc::from(
+                json!({
+                    "kind": "event",
+                    "sessionId": p.session_id,
+                    "turnId": p.turn_id,
+                    "eventId": p.event_id,
+                    "sequence": p.sequence,
+                    "event": p.event,
+                    "receivedAt": now_rfc3339(),
+                })
+                .to_string(),
+            )
+        });
+        use crate::harness::events::Decision;
+        let result = match decision {
+            Decision::Accept { acked } => {
+                let result = SessionEventResult {
+                    accepted: true,
+                    acked_sequence: acked,
+                    event_id: p.event_id.clone(),
+                };
+                self.shared.emit(HarnessEvent::SessionEvent(p));
+                Ok(result)
+            }
+            Decision::Repeat { acked } => Ok(SessionEventResult {
+                accepted: true,
+                acked_sequence: acked,
+                event_id: p.event_id,
+            }),
+            Decision::Hole { expected } => {
+                tracing::debug!(sequence = p.sequence, expected, "event sequence hole");
+                Err(RpcError::conflict(
+                    "unexpected_sequence",
+                    format!(
+                        "event sequence {} is not the next one ({expected})",
+                        p.sequence
+                    ),
+                )
+                .with_expected_sequence(expected))
+            }
+            Decision::Ended => {
+                Err(RpcError::session_not_active(&self.session_id).with_reason("session_ended"))
+            }
+        };
+        answer(reply, result);
+    }
+
+    fn delta(&mut self, p: EventDeltaParams) {
+        if bad_id("eventId", &p.event_id).is_some() || p.event_type.len() > MAX_TYPE_LEN {
+            return;
+        }
+        let json = json!({
+            "kind": "delta",
+            "sessionId": p.session_id,
+            "turnId": p.turn_id,
+            "eventId": p.event_id,
+            "eventType": p.event_type,
+            "index": p.index,
+            "text": p.text,
+        });
+        self.log.live("delta", Arc::from(json.to_string()));
+        self.shared.emit(HarnessEvent::SessionEventDelta(p));
+    }
+
+    fn interaction(&mut self, p: InteractionRequestParams, reply: Option<Responder>) {
+        if let Some(e) =
+            bad_id("interactionId", &p.interaction_id).or_else(|| bad_id("turnId", &p.turn_id))
+        {
+            return answer::<Accepted>(reply, Err(e));
+        }
+        let Some(ttl) = ms_until(&p.expires_at) else {
+            return answer::<Accepted>(
+                reply,
+                Err(RpcError::invalid_params(
+                    "expiresAt must be an RFC 3339 time stamp",
+                )),
+            );
+        };
+        if self.log.ended().is_some() {
+            return answer::<Accepted>(
+                reply,
+                Err(RpcError::session_not_active(&self.session_id).with_reason("session_ended")),
+            );
+        }
+        let id = p.interaction_id.clone();
+        let platform_id = format!("pi-{}", uuid::Uuid::new_v4().simple());
+        let now = self.now();
+        match self
+            .interactions
+            .request(p, platform_id, now_rfc3339(), now, ttl)
+        {
+            RequestDecision::New(view) => {
+                tracing::info!(interaction = %id, "interaction pending");
+                let platform_interaction_id = view.platform_interaction_id.clone();
+                self.notice(&view);
+                answer(
+                    reply,
+                    Ok(InteractionRequestResult {
+                        accepted: true,
+                        platform_interaction_id: Some(platform_interaction_id),
+                    }),
+                );
+            }
+            RequestDecision::Known {
+                platform_interaction_id,
+            } => answer(
+                reply,
+                Ok(InteractionRequestResult {
+                    accepted: true,
+                    platform_interaction_id: Some(platform_interaction_id),
+                }),
+            ),
+            RequestDecision::Full(n) => answer::<Accepted>(
+                reply,
+                Err(RpcError::resource_unavailable(format!(
+                    "at most {n} pending interactions per session"
+                ))
+                .with_reason("too_many_interactions")),
+            ),
+        }
+    }
+
+    fn subscribe(
+        &mut self,
+        myself: &ActorRef<TurnsMsg>,
+        after: u64,
+    ) -> Result<Subscription, ApiError> {
+        let (tx, rx) = mpsc::channel(self.shared.config.event_subscriber_queue.max(1));
+        let (ktx, krx) = oneshot::channel();
+        let sink = ChannelSink {
+            tx,
+            kick: Some(ktx),
+        };
+        match self.log.subscribe(after, sink) {
+            Ok((id, replay)) => Ok(Subscription {
+                id,
+                replay,
+                rx,
+                kicked: krx,
+                actor: myself.clone(),
+            }),
+            Err(e @ SubscribeError::TooMany(_)) => Err(ApiError::rpc(
+                RpcError::resource_unavailable(e.to_string())
+                    .with_reason("too_many_subscribers")
+                    .with_retryable(true),
+            )),
+            Err(e @ SubscribeError::Beyond { .. }) => Err(ApiError::rpc(
+                RpcError::invalid_params(e.to_string()).with_reason("after_beyond_last"),
+            )),
+        }
+    }
+
+    fn rearm(&mut self, myself: &ActorRef<TurnsMsg>) {
+        let Some(deadline) = self.interactions.next_deadline() else {
+            return;
+        };
+        if let Some((armed, handle)) = &self.timer {
+            if *armed <= deadline && !handle.is_finished() {
+                return;
+            }
+        }
+        if let Some((_, handle)) = self.timer.take() {
+            handle.abort();
+        }
+        let wait = deadline.saturating_sub(self.now());
+        let handle = myself.send_after(Duration::from_millis(wait + 1), || TurnsMsg::Tick);
+        self.timer = Some((deadline, handle));
+    }
+}
+
+fn alive(a: &ActorRef<TurnsMsg>) -> bool {
+    !matches!(a.get_status(), ActorStatus::Stopping | ActorStatus::Stopped)
+}
+
+fn live_actor(shared: &Shared, session_id: &str) -> Option<ActorRef<TurnsMsg>> {
+    shared
+        .turns
+        .get(session_id)
+        .map(|a| a.clone())
+        .filter(alive)
+}
+
+async fn start(
+    shared: &Arc<Shared>,
+    session_id: &str,
+    fresh: bool,
+) -> Result<ActorRef<TurnsMsg>, ApiError> {
+    for _ in 0..200 {
+        if let Some(a) = live_actor(shared, session_id) {
+            return Ok(a);
+        }
+        let Some(sup) = shared.turns_sup() else {
+            return Err(ApiError::with_status(
+                503,
+                RpcError::internal("the harness is shutting down").with_reason("shutting_down"),
+            ));
+        };
+        let args = TurnsArgs {
+            shared: shared.clone(),
+            session_id: session_id.to_owned(),
+            fresh,
+        };
+        let spec = ChildSpec::temporary(session_id.to_owned(), SessionTurns, args)
+            .shutdown_timeout(Duration::from_secs(2));
+        match start_actor::<TurnsMsg>(&sup, spec).await {
+            Ok(a) => return Ok(a),
+            // Another caller is starting it (or its predecessor is still
+            // stopping): its entry appears shortly.
+            Err(StartChildError::AlreadyStarted(_)) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(StartChildError::MaxChildren(n)) => {
+                return Err(ApiError::rpc(
+                    RpcError::resource_unavailable(format!(
+                        "the harness serves the agent streams of at most {n} sessions"
+                    ))
+                    .with_reason("too_many_streams"),
+                ))
+            }
+            Err(e) => return Err(ApiError::internal(e.to_string())),
+        }
+    }
+    Err(ApiError::internal(
+        "the session's stream actor did not start",
+    ))
+}
+
+/// The stream actor of a session the platform knows, started if needed.
+///
+/// # Errors
+///
+/// 404 for an unknown session, 429 when the harness serves its maximum of
+/// streams, 503 while it shuts down.
+pub async fn ensure(
+    shared: &Arc<Shared>,
+    session_id: &str,
+) -> Result<ActorRef<TurnsMsg>, ApiError> {
+    if !shared.sessions.contains_key(session_id) {
+        return Err(ApiError::unknown_session(session_id));
+    }
+    if let Some(a) = live_actor(shared, session_id) {
+        return Ok(a);
+    }
+    start(shared, session_id, false).await
+}
+
+/// A session was created (granted): its stream starts at sequence 1.
+pub async fn session_created(shared: &Arc<Shared>, session_id: &str) {
+    if let Some(a) = live_actor(shared, session_id) {
+        let _ = a.send_message(TurnsMsg::Reset);
+        return;
+    }
+    if let Err(e) = start(shared, session_id, true).await {
+        tracing::warn!(session = %session_id, error = %e, "no event stream for the session yet");
+    }
+}
+
+/// Hand an executor frame (already fenced) to the session's stream actor.
+/// Without one (it failed, or could not be started), requests are refused
+/// with a retryable -32603 and an actor is started, so the executor's
+/// retry finds it; the sequence rules then ask for what is missing.
+pub fn from_executor(shared: &Arc<Shared>, session_id: &str, msg: TurnsMsg) {
+    if let Some(a) = live_actor(shared, session_id) {
+        match a.send_message(msg) {
+            Ok(()) => return,
+            Err(ractor::MessagingErr::SendErr(m)) => return refuse(shared, session_id, m),
+            Err(_) => return,
+        }
+    }
+    refuse(shared, session_id, msg);
+}
+
+fn refuse(shared: &Arc<Shared>, session_id: &str, msg: TurnsMsg) {
+    let reply = match msg {
+        TurnsMsg::Event { reply, .. }
+        | TurnsMsg::InteractionRequest { reply, .. }
+        | TurnsMsg::InteractionCancel { reply, .. } => reply,
+        _ => None,
+    };
+    if let Some(r) = reply {
+        r.err(
+            RpcError::new(
+                ErrorCode::InternalError,
+                "the session's event stream is restarting",
+            )
+            .with_reason("stream_restarting")
+            .with_retryable(true),
+        );
+    }
+    let ended = shared
+        .sessions
+        .get(session_id)
+        .is_none_or(|s| s.state == SessionState::Ended);
+    if ended {
+        return;
+    }
+    let shared = shared.clone();
+    let session_id = session_id.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = start(&shared, &session_id, false).await {
+            tracing::warn!(session = %session_id, error = %e, "event stream not started");
+        }
+    });
+}
+
+/// The session ended.
+pub fn session_ended(shared: &Shared, session_id: &str, reason: &str) {
+    if let Some(a) = live_actor(shared, session_id) {
+        let _ = a.send_message(TurnsMsg::SessionEnded {
+            reason: reason.to_owned(),
+        });
+    }
+}
+
+/// The platform's view forgot the session: its stream goes too.
+pub fn forget(shared: &Shared, session_id: &str) {
+    if let Some((_, a)) = shared.turns.remove(session_id) {
+        a.stop(Some("session forgotten".into()));
+    }
+}
