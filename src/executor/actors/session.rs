@@ -1173,6 +1173,9 @@ impl Actor for Session {
             for p in state.processes.values() {
                 let _ = p.actor.send_message(ProcessMsg::Kill("shutdown".into()));
             }
+            // MCP servers and the agent go their orderly way first (their
+            // in-flight requests answered), then whatever is left dies.
+            state.children.stop_all().await;
             crate::process::sys::kill_tree(None, None, &state.scope);
             let _ = tokio::fs::remove_dir_all(&state.workspace).await;
         }
