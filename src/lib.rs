@@ -16,6 +16,7 @@
 //!
 //! See docs/architecture.md for the code map and the import rules.
 
+pub mod acp;
 pub mod client;
 pub mod executor;
 pub mod harness;

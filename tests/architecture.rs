@@ -56,6 +56,7 @@ fn the_cores_import_no_side() {
         "supervisor",
         "lease",
         "mcp",
+        "acp",
         "process",
         "terminal",
         "tools",

@@ -5,3 +5,4 @@ pub mod buffering;
 pub mod mcp;
 pub mod peer;
 pub mod scale;
+pub mod turns;

@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, mcp, scale};
+use crate::bench::{buffering, mcp, scale, turns};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -59,6 +59,22 @@ pub enum BenchCommand {
         /// Requests in flight, one row each.
         #[arg(long, value_delimiter = ',', default_value = "1,32")]
         in_flight: Vec<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Agent turns: chunks per second from the agent to an SSE client
+    /// through executor and harness, against the agent's ACP stream read
+    /// directly.
+    Turns {
+        /// The ACP agent script (run with node; it must offer `many N`).
+        #[arg(long, default_value = "tests/peers/agent/test-agent.mjs")]
+        agent: std::path::PathBuf,
+        /// Chunks per turn.
+        #[arg(long, default_value_t = 20_000)]
+        chunks: u64,
+        /// Runs (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
         #[arg(long)]
         json: bool,
     },
@@ -135,6 +151,19 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 concurrency: in_flight.into_iter().filter(|&k| k > 0).collect(),
             };
             report("mcp", json, mcp::run(&opts).await, |r| r.table())
+        }
+        BenchCommand::Turns {
+            agent,
+            chunks,
+            runs,
+            json,
+        } => {
+            let opts = turns::TurnsOptions {
+                agent,
+                chunks: chunks.max(1),
+                runs,
+            };
+            report("turns", json, turns::run(&opts).await, |r| r.table())
         }
         BenchCommand::Scale {
             sessions,

@@ -46,6 +46,10 @@ pub struct ExecutorArgs {
     /// (repeatable; the token variables are always denied).
     #[arg(long)]
     pub deny_env: Vec<String>,
+    /// An ACP agent turns may run: `NAME=COMMAND [ARGS...]` (split on
+    /// whitespace; repeatable; the first is the default).
+    #[arg(long = "agent", value_name = "NAME=COMMAND")]
+    pub agents: Vec<String>,
 }
 
 impl ExecutorArgs {
@@ -57,6 +61,16 @@ impl ExecutorArgs {
             (None, None) => return Err("one of --token or --token-file is required".into()),
         };
         let mut config = ExecutorConfig::new(endpoint, token);
+        for spec in &self.agents {
+            let Some((name, command)) = spec.split_once('=') else {
+                return Err(format!("--agent {spec:?}: expected NAME=COMMAND"));
+            };
+            let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+            if name.is_empty() || argv.is_empty() {
+                return Err(format!("--agent {spec:?}: expected NAME=COMMAND"));
+            }
+            config.agents.push((name.to_owned(), argv));
+        }
         if let Some(root) = self.work_root {
             config.work_root = root;
         }

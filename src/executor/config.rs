@@ -78,6 +78,14 @@ pub struct ExecutorConfig {
     pub mcp_init_timeout: Duration,
     /// Restart budget of an MCP server when `session.assign` names none.
     pub mcp_restart_budget: crate::supervisor::Intensity,
+    /// Named ACP agents, `(name, argv)`; the first is the default. Empty:
+    /// no agent turns (the capability is not advertised).
+    pub agents: Vec<(String, Vec<String>)>,
+    /// How long a permission question waits for a person before the agent
+    /// is told no (`interaction.cancel {reason: expired}`).
+    pub interaction_timeout: Duration,
+    /// Restart budget of a session's agent process.
+    pub agent_restart_budget: crate::supervisor::Intensity,
 }
 
 impl ExecutorConfig {
@@ -107,6 +115,12 @@ impl ExecutorConfig {
             mcp_max_servers: 16,
             mcp_init_timeout: Duration::from_secs(30),
             mcp_restart_budget: crate::supervisor::Intensity {
+                max_restarts: 3,
+                period: Duration::from_secs(60),
+            },
+            agents: Vec::new(),
+            interaction_timeout: Duration::from_secs(300),
+            agent_restart_budget: crate::supervisor::Intensity {
                 max_restarts: 3,
                 period: Duration::from_secs(60),
             },

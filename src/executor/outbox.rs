@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 pub enum OutboxEvent<K> {
     Acked(K),
     Failed(K),
+    /// The harness refused the item and asked for another sequence first
+    /// (`session.event`: -32009 with `expectedSequence`).
+    Expected(K, u64),
     /// The retry timer fired.
     Tick,
 }
@@ -68,6 +71,25 @@ where
         self.outbox.push(key, value, now)
     }
 
+    /// Make every kept item `pred` selects due now (the harness asked to
+    /// resume from one of them).
+    pub fn resend_where(&mut self, pred: impl Fn(&K) -> bool) {
+        let now = self.now();
+        let keys: Vec<K> = self.outbox.keys().filter(|k| pred(k)).cloned().collect();
+        for k in keys {
+            self.outbox.resend(&k, now);
+        }
+    }
+
+    /// Forget every kept item `pred` selects: the harness has them (it asked
+    /// for a later one).
+    pub fn ack_where(&mut self, pred: impl Fn(&K) -> bool) {
+        let keys: Vec<K> = self.outbox.keys().filter(|k| pred(k)).cloned().collect();
+        for k in keys {
+            self.outbox.acked(&k);
+        }
+    }
+
     /// Send a kept item again now (the harness asked for it again).
     pub fn resend(&mut self, key: &K) -> bool {
         let now = self.now();
@@ -95,7 +117,7 @@ where
             OutboxEvent::Acked(k) => {
                 self.outbox.acked(&k);
             }
-            OutboxEvent::Failed(k) => {
+            OutboxEvent::Failed(k) | OutboxEvent::Expected(k, _) => {
                 let now = self.now();
                 self.outbox.failed(&k, now, rand::random::<f64>());
             }
@@ -117,10 +139,11 @@ where
         if !due.is_empty() {
             let link = shared.link();
             let timeout = shared.config.request_timeout;
+            let mut sends = Vec::with_capacity(due.len());
             for (key, value) in due {
                 let (me, link, method) = (myself.clone(), link.clone(), self.method);
                 let error_is_answer = self.error_is_answer;
-                tokio::spawn(async move {
+                sends.push(async move {
                     let result = match link {
                         Some(link) => {
                             link.request::<_, serde_json::Value>(method, &value, timeout)
@@ -130,6 +153,10 @@ where
                     };
                     let event = match result {
                         Ok(_) => OutboxEvent::Acked(key),
+                        Err(CallError::Rpc(e)) if e.data.as_ref().is_some_and(|d| d.expected_sequence.is_some()) => {
+                            let expected = e.data.as_ref().and_then(|d| d.expected_sequence).unwrap_or(0);
+                            OutboxEvent::Expected(key, expected)
+                        }
                         Err(CallError::Rpc(e)) if error_is_answer => {
                             tracing::warn!(method = method.as_str(), ?key, error = %e, "refused; the harness knows");
                             OutboxEvent::Acked(key)
@@ -142,6 +169,9 @@ where
                     let _ = me.send_message(wrap(event));
                 });
             }
+            // One task, the requests first polled in key order: they leave
+            // in that order (the harness takes `session.event`s in sequence).
+            tokio::spawn(futures_util::future::join_all(sends));
         }
         if let Some(at) = self.outbox.next_due() {
             if self.timer_at.is_none_or(|t| at < t) {

@@ -9,7 +9,8 @@ use crate::executor::actors::session::SessionMsg;
 use crate::executor::actors::sessions::SessionsMsg;
 use crate::executor::actors::terminals::TerminalsMsg;
 use crate::wire::types::{
-    Capabilities, FilesCapability, Limits, McpCapability, ProcessCapability, ShellCapability,
+    AgentCapability, AgentInfo, Capabilities, FilesCapability, Limits, McpCapability,
+    ProcessCapability, ShellCapability,
 };
 use crate::wire::Link;
 use dashmap::DashMap;
@@ -96,6 +97,18 @@ impl Shared {
                 http: true,
                 max_servers: Some(self.config.mcp_max_servers),
                 secret_env: true,
+            }),
+            agent: (!self.config.agents.is_empty()).then(|| AgentCapability {
+                enabled: true,
+                interaction_kinds: vec!["permission".into()],
+                turn_resume: true,
+                agents: self
+                    .config
+                    .agents
+                    .iter()
+                    .map(|(name, _)| AgentInfo { name: name.clone() })
+                    .collect(),
+                ..Default::default()
             }),
             ..Default::default()
         }

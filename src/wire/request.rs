@@ -18,10 +18,11 @@ use super::error::RpcError;
 use super::frame::Inbound;
 use super::method::{Method, Owner};
 use super::types::{
-    AssignParams, DrainParams, McpCloseParams, McpFrameParams, McpOpenParams, ProcessReadParams,
-    ProcessRefParams, ProcessStartParams, ProcessTerminateParams, ProcessWriteParams,
-    SessionRefParams, StopParams, TerminalAttachParams, TerminalCloseParams, TerminalInputParams,
-    TerminalOpenParams, TerminalResizeParams, ToolCallParams, ToolCancelParams,
+    AssignParams, DrainParams, InteractionResponseParams, McpCloseParams, McpFrameParams,
+    McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams, ProcessTerminateParams,
+    ProcessWriteParams, SessionCloseParams, SessionRefParams, StopParams, TerminalAttachParams,
+    TerminalCloseParams, TerminalInputParams, TerminalOpenParams, TerminalResizeParams,
+    ToolCallParams, ToolCancelParams, TurnCancelParams, TurnInputParams, TurnStartParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field
@@ -159,6 +160,16 @@ requests! {
         ProcessList(SessionRefParams),
         ToolCall(ToolCallParams),
         ToolCancel(ToolCancelParams),
+        SessionClose(SessionCloseParams),
+    }
+
+    /// Agent turns and their interactions, by `sessionId`: the session owns
+    /// its turns (one at a time) and hands them on.
+    Turn => TurnRequest by [session_id] {
+        TurnStart(TurnStartParams),
+        TurnInput(TurnInputParams),
+        TurnCancel(TurnCancelParams),
+        InteractionResponse(InteractionResponseParams),
     }
 
     /// The hot path: straight to the process actor, by `sessionId` +
@@ -230,8 +241,8 @@ mod tests {
                 let e = decode(spec.method, &f).unwrap_err();
                 assert_eq!(e.code, ErrorCode::InvalidParams.code(), "{}", spec.name);
             }
-            let f = frame(codec, Method::TurnStart, &serde_json::json!({}));
-            let e = decode(Method::TurnStart, &f).unwrap_err();
+            let f = frame(codec, Method::WorkspaceBackup, &serde_json::json!({}));
+            let e = decode(Method::WorkspaceBackup, &f).unwrap_err();
             assert_eq!(e.code, ErrorCode::MethodNotFound.code());
         }
     }

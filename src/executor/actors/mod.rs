@@ -12,6 +12,7 @@
 //!                         significant, reconnect backoff)
 //! ```
 
+pub mod agent;
 pub mod connection;
 pub mod mcp;
 pub mod process;
@@ -22,3 +23,4 @@ pub mod sessions;
 pub mod terminal;
 pub mod terminals;
 pub mod tool;
+pub mod turn;

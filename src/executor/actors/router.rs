@@ -12,7 +12,7 @@ use super::terminals::TerminalsMsg;
 use crate::executor::Shared;
 use crate::wire::request::{
     self, ConnectionRequest, McpRequest, ProcessRequest, SessionRequest, SessionsRequest,
-    TerminalRequest,
+    TerminalRequest, TurnRequest,
 };
 use crate::wire::{Dispatch, Inbound, Method, Request, Responder, RpcError, Version};
 use ractor::ActorRef;
@@ -41,7 +41,6 @@ impl ExecutorRouter {
 fn not_built(method: Method) -> Option<&'static str> {
     use Method::*;
     match method {
-        TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => Some("agent"),
         WorkspaceBackup => Some("workspace"),
         SkillInstall => Some("skills"),
         FsMount | FsUnmount => Some("fs"),
@@ -59,6 +58,9 @@ fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
                 .then_some("terminal")
         }
         McpOpen | McpClose | McpFrame => (shared.config.mcp_max_servers == 0).then_some("mcp"),
+        TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => {
+            shared.config.agents.is_empty().then_some("agent")
+        }
         other => not_built(other),
     }
 }
@@ -97,6 +99,7 @@ impl Dispatch for ExecutorRouter {
             (_, None) => {}
             (Request::Process(r), Some(reply)) => self.process(r, reply),
             (Request::Session(r), Some(reply)) => self.session(r, reply),
+            (Request::Turn(r), Some(reply)) => self.turn(r, reply),
             (Request::Connection(ConnectionRequest::ExecutorDrain(p)), Some(reply)) => {
                 if let Err(e) = self.connection.send_message(ConnMsg::Drain(p, reply)) {
                     tracing::warn!(error = %e, "connection actor gone");
@@ -184,6 +187,19 @@ impl ExecutorRouter {
             session.send_message(SessionMsg::Mcp(request, reply))
         {
             answer(reply, RpcError::session_not_active(&session_id));
+        }
+    }
+
+    /// Turns are their session's: one at a time, the session knows which.
+    fn turn(&self, request: TurnRequest, reply: Responder) {
+        let session_id = request.session_id().to_owned();
+        let Some(session) = self.shared.sessions.get(&session_id).map(|s| s.clone()) else {
+            return reply.err(RpcError::session_not_active(&session_id));
+        };
+        if let Err(ractor::MessagingErr::SendErr(SessionMsg::Turn(_, reply))) =
+            session.send_message(SessionMsg::Turn(request, reply))
+        {
+            reply.err(RpcError::session_not_active(&session_id));
         }
     }
 

@@ -15,10 +15,13 @@
 //! session's tag), removes the workspace, answers, tells the sessions actor
 //! why it ends, and stops.
 
+use super::agent::{Agent, AgentArgs, AgentMsg};
 use super::mcp::{McpArgs, McpChange, McpServer};
 use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
 use super::sessions::SessionsMsg;
 use super::tool::{ToolActor, ToolArgs, ToolMsg};
+use super::turn::{Turn, TurnArgs, TurnMsg};
+use crate::acp::updates::Emit;
 use crate::executor::mcp::launch;
 use crate::executor::outbox::{Delivery, OutboxEvent};
 use crate::executor::Shared;
@@ -27,6 +30,7 @@ use crate::supervisor::Restart;
 use crate::supervisor::{ChildExit, ChildSpec, Exit};
 use crate::wire::request::McpRequest;
 use crate::wire::request::ProcessRequest;
+use crate::wire::request::TurnRequest;
 use crate::wire::types::Accepted;
 use crate::wire::types::{
     AssignParams, ProcState, ProcessListResult, ProcessStartParams, ProcessState,
@@ -34,6 +38,7 @@ use crate::wire::types::{
     ToolCancelResult, ToolResultParams,
 };
 use crate::wire::types::{ConnectionOrigin, McpServerSpec, McpServerState, McpServerStatus};
+use crate::wire::types::{EventDeltaParams, SessionEventParams, TurnCancelResult, TurnStartResult};
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use sha2::{Digest, Sha256};
@@ -84,6 +89,17 @@ pub enum SessionMsg {
         id: String,
         generation: u64,
     },
+    /// `turn.*` and `interaction.response`.
+    Turn(TurnRequest, Responder),
+    /// Events of the running turn, to number and deliver (from its actor).
+    Emit {
+        turn_id: String,
+        emits: Vec<Emit>,
+    },
+    /// The agent's session id (`executorSessionRef`), from the turn.
+    AcpSession(String),
+    /// `session.event` delivery.
+    Events(OutboxEvent<u64>),
     /// Test hook: panic in the handler (`None`), or make one child panic.
     #[doc(hidden)]
     Panic(Option<SessionChild>),
@@ -96,6 +112,8 @@ pub enum SessionChild {
     Process(String),
     Tool(String),
     Mcp(String),
+    Agent,
+    Turn(String),
 }
 
 impl SessionChild {
@@ -104,6 +122,8 @@ impl SessionChild {
             SessionChild::Process(p) => format!("process/{p}"),
             SessionChild::Tool(t) => format!("tool/{t}"),
             SessionChild::Mcp(k) => format!("mcp/{k}"),
+            SessionChild::Agent => "agent".to_owned(),
+            SessionChild::Turn(t) => format!("turn/{t}"),
         }
     }
 
@@ -113,6 +133,12 @@ impl SessionChild {
         }
         if let Some(k) = id.strip_prefix("mcp/") {
             return Some(SessionChild::Mcp(k.to_owned()));
+        }
+        if id == "agent" {
+            return Some(SessionChild::Agent);
+        }
+        if let Some(t) = id.strip_prefix("turn/") {
+            return Some(SessionChild::Turn(t.to_owned()));
         }
         id.strip_prefix("tool/")
             .map(|t| SessionChild::Tool(t.to_owned()))
@@ -166,7 +192,26 @@ pub struct SessionState {
     ready_due: bool,
     /// `session.assign.mcpServers`, until they are started.
     specs: Vec<McpServerSpec>,
+    /// The agent process's name, while one runs (child `agent`).
+    agent: Option<String>,
+    /// The running turn.
+    turn: Option<(String, ActorRef<TurnMsg>)>,
+    /// Turns by id, for idempotent `turn.start` (bounded, oldest first out).
+    turns: HashMap<String, bool>,
+    turn_order: std::collections::VecDeque<String>,
+    /// The agent's ACP session (`executorSessionRef`).
+    acp_session: Option<String>,
+    /// Tools allowed for the whole session.
+    always: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// `session.event`s until acknowledged, by sequence.
+    events: Delivery<u64, SessionEventParams>,
+    next_sequence: u64,
 }
+
+/// Turns remembered for idempotent starts.
+const TURNS_KEPT: usize = 256;
+/// Events kept while the harness is away, per session.
+const EVENTS_MAX: usize = 65_536;
 
 struct McpEntry {
     status: McpServerStatus,
@@ -275,6 +320,11 @@ impl SessionState {
     /// is killed by its tag and reported `failed`; the tool call gets an
     /// error result.
     fn child_exited(&mut self, myself: &ActorRef<SessionMsg>, exit: ChildExit) {
+        if let (Some(SessionChild::Turn(tid)), Exit::Normal | Exit::Shutdown(_)) =
+            (SessionChild::parse(&exit.id), &exit.exit)
+        {
+            self.turn_ended(&tid);
+        }
         let Exit::Abnormal(why) = exit.exit else {
             return;
         };
@@ -330,6 +380,19 @@ impl SessionState {
                 };
                 self.deliver_result(myself, result);
             }
+            Some(SessionChild::Agent) => {
+                tracing::error!(session = %self.id, error = %why, "agent past its restart budget");
+                self.agent = None;
+            }
+            Some(SessionChild::Turn(tid)) => {
+                tracing::error!(session = %self.id, turn = %tid, error = %why, "turn actor crashed");
+                let mut events = crate::acp::updates::TurnEvents::new(&format!("{tid}.crash"));
+                let mut emits =
+                    events.error("internal_error", "the turn failed inside the executor");
+                emits.extend(events.idle("end_turn", "failed"));
+                self.emit(myself, &tid, emits);
+                self.turn_ended(&tid);
+            }
             Some(SessionChild::Mcp(key)) => {
                 // Gone for good after an abnormal exit: the budget is spent
                 // (a normal exit reported its own reason first).
@@ -346,6 +409,59 @@ impl SessionState {
             }
             None => {}
         }
+    }
+
+    fn turn_ended(&mut self, turn_id: &str) {
+        if self.turn.as_ref().is_some_and(|(t, _)| t == turn_id) {
+            self.turn = None;
+        }
+        if let Some(done) = self.turns.get_mut(turn_id) {
+            *done = true;
+        }
+    }
+
+    /// Number the turn's final events and keep them until acknowledged;
+    /// send the deltas as they come (best effort).
+    fn emit(&mut self, myself: &ActorRef<SessionMsg>, turn_id: &str, emits: Vec<Emit>) {
+        for e in emits {
+            match e {
+                Emit::Event { event_id, event } => {
+                    let sequence = self.next_sequence;
+                    self.next_sequence += 1;
+                    let params = SessionEventParams {
+                        session_id: self.id.clone(),
+                        turn_id: turn_id.to_owned(),
+                        event_id,
+                        sequence,
+                        event,
+                    };
+                    if let Err(e) = self.events.push(sequence, params) {
+                        tracing::error!(session = %self.id, sequence, error = %e, "session.event cannot be kept");
+                    }
+                }
+                Emit::Delta {
+                    event_id,
+                    event_type,
+                    index,
+                    text,
+                } => {
+                    if let Some(link) = self.shared.link() {
+                        let _ = link.notify(
+                            Method::SessionEventDelta,
+                            &EventDeltaParams {
+                                session_id: self.id.clone(),
+                                turn_id: turn_id.to_owned(),
+                                event_id,
+                                event_type: event_type.to_owned(),
+                                index,
+                                text,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        self.events.pump(&self.shared, myself, SessionMsg::Events);
     }
 
     fn mcp_changed(&mut self, myself: &ActorRef<SessionMsg>, change: McpChange) {
@@ -498,6 +614,158 @@ impl Session {
                     state.child_exited(myself, exit)
                 }
             }
+        }
+    }
+
+    /// The agent actor to run a turn on, started (or replaced) as needed.
+    async fn agent_for(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        name: &str,
+    ) -> Result<ActorRef<AgentMsg>, RpcError> {
+        let id = SessionChild::Agent.id();
+        let live = state
+            .children
+            .which()
+            .into_iter()
+            .find(|(c, _)| *c == id)
+            .map(|(_, cell)| cell);
+        match live {
+            Some(Some(cell)) if state.agent.as_deref() == Some(name) => return Ok(cell.into()),
+            // Another agent, or one between two lives: a fresh one.
+            Some(_) => {
+                state.children.terminate(&id).await;
+            }
+            None => {}
+        }
+        let Some((_, argv)) = state.shared.config.agents.iter().find(|(n, _)| n == name) else {
+            return Err(RpcError::invalid_params(format!("no agent {name:?}")));
+        };
+        let args = AgentArgs {
+            shared: state.shared.clone(),
+            session_id: state.id.clone(),
+            name: name.to_owned(),
+            argv: argv.clone(),
+            workspace: state.workspace.clone(),
+            scope: format!("{}agent:/", state.scope),
+        };
+        let spec = ChildSpec::restartable(id, Restart::Transient, Agent, args)
+            .budget(state.shared.config.agent_restart_budget);
+        match state.children.start(spec, myself.get_cell()).await {
+            Ok(cell) => {
+                state.agent = Some(name.to_owned());
+                if state.acp_session.is_some() {
+                    // A new process: the old ACP session is resumed by id
+                    // (session/load) if the agent can.
+                }
+                Ok(cell.into())
+            }
+            Err(e) => Err(RpcError::internal(format!("agent {name:?}: {e}"))),
+        }
+    }
+
+    async fn turn_request(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        request: TurnRequest,
+        reply: Responder,
+    ) {
+        match request {
+            TurnRequest::TurnStart(p) => {
+                if let Some(&done) = state.turns.get(&p.turn_id) {
+                    // Idempotent by turnId.
+                    let _ = done;
+                    return reply.ok(&TurnStartResult {
+                        accepted: true,
+                        turn_id: p.turn_id,
+                        effective: serde_json::json!({"agent": state.agent}),
+                        executor_session_ref: state.acp_session.clone(),
+                        resumed: false,
+                    });
+                }
+                if let Some((running, _)) = &state.turn {
+                    return reply.err(RpcError::conflict(
+                        "turn_running",
+                        format!("turn {running:?} is running"),
+                    ));
+                }
+                let prompt = match super::turn::input_text(&p.input) {
+                    Ok(t) => t,
+                    Err(e) => return reply.err(e),
+                };
+                let config = p.config.clone().unwrap_or_default();
+                let name = match config.agent.clone() {
+                    Some(n) => n,
+                    None => match state.shared.config.agents.first() {
+                        Some((n, _)) => n.clone(),
+                        None => return reply.err(RpcError::capability_unavailable("agent")),
+                    },
+                };
+                let agent = match self.agent_for(myself, state, &name).await {
+                    Ok(a) => a,
+                    Err(e) => return reply.err(e),
+                };
+                let resume = p.executor_session_ref.clone().or(state.acp_session.clone());
+                let args = TurnArgs {
+                    shared: state.shared.clone(),
+                    session: myself.clone(),
+                    session_id: state.id.clone(),
+                    turn_id: p.turn_id.clone(),
+                    agent,
+                    agent_name: name,
+                    prompt,
+                    resume,
+                    reply: Some(reply),
+                    always: state.always.clone(),
+                };
+                let child =
+                    ChildSpec::temporary(SessionChild::Turn(p.turn_id.clone()).id(), Turn, args);
+                match state.children.start(child, myself.get_cell()).await {
+                    Ok(cell) => {
+                        state.turn = Some((p.turn_id.clone(), cell.into()));
+                        state.turns.insert(p.turn_id.clone(), false);
+                        state.turn_order.push_back(p.turn_id);
+                        while state.turn_order.len() > TURNS_KEPT {
+                            if let Some(old) = state.turn_order.pop_front() {
+                                state.turns.remove(&old);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(session = %state.id, error = %e, "turn actor did not start")
+                    }
+                }
+            }
+            TurnRequest::TurnInput(p) => match (&state.turn, state.turns.get(&p.turn_id)) {
+                (Some((t, actor)), _) if *t == p.turn_id => {
+                    match super::turn::input_text(&p.input) {
+                        Ok(text) => {
+                            let _ = actor.send_message(TurnMsg::Input(text, reply));
+                        }
+                        Err(e) => reply.err(e),
+                    }
+                }
+                (_, Some(_)) => reply.err(RpcError::conflict("turn_finished", "the turn is over")),
+                _ => reply.err(RpcError::not_found(format!("no turn {:?}", p.turn_id))),
+            },
+            TurnRequest::TurnCancel(p) => match (&state.turn, state.turns.get(&p.turn_id)) {
+                (Some((t, actor)), _) if *t == p.turn_id => {
+                    let _ = actor.send_message(TurnMsg::Cancel(reply));
+                }
+                (_, Some(_)) => reply.ok(&TurnCancelResult { canceled: false }),
+                _ => reply.err(RpcError::not_found(format!("no turn {:?}", p.turn_id))),
+            },
+            TurnRequest::InteractionResponse(p) => match &state.turn {
+                Some((_, actor)) => {
+                    let _ = actor.send_message(TurnMsg::Response(p, reply));
+                }
+                None => reply.err(RpcError::not_found(format!(
+                    "no open interaction {:?}",
+                    p.interaction_id
+                ))),
+            },
         }
     }
 
@@ -869,6 +1137,14 @@ impl Actor for Session {
             phase: SessionStatus::Starting,
             ready_due: false,
             specs: p.mcp_servers,
+            agent: None,
+            turn: None,
+            turns: HashMap::new(),
+            turn_order: std::collections::VecDeque::new(),
+            acp_session: None,
+            always: Default::default(),
+            events: Delivery::new(Method::SessionEvent, false, EVENTS_MAX, connected),
+            next_sequence: 1,
         };
         state.status(SessionStatus::Starting, None);
         Ok(state)
@@ -897,6 +1173,9 @@ impl Actor for Session {
             for p in state.processes.values() {
                 let _ = p.actor.send_message(ProcessMsg::Kill("shutdown".into()));
             }
+            // MCP servers and the agent go their orderly way first (their
+            // in-flight requests answered), then whatever is left dies.
+            state.children.stop_all().await;
             crate::process::sys::kill_tree(None, None, &state.scope);
             let _ = tokio::fs::remove_dir_all(&state.workspace).await;
         }
@@ -960,15 +1239,49 @@ impl Actor for Session {
                 state
                     .results
                     .pump(&state.shared, &myself, SessionMsg::ToolResults);
+                state.events.connected();
+                state
+                    .events
+                    .pump(&state.shared, &myself, SessionMsg::Events);
             }
             SessionMsg::Disconnected => {
                 state.ready.disconnected();
                 state.results.disconnected();
+                state.events.disconnected();
+                if let Some((_, t)) = &state.turn {
+                    let _ = t.send_message(TurnMsg::Connected(false));
+                }
                 for e in state.mcp.values() {
                     e.open.store(false, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             SessionMsg::McpChanged(change) => state.mcp_changed(&myself, change),
+            SessionMsg::Turn(request, reply) => {
+                if state.stopping {
+                    reply.err(RpcError::session_not_active(&state.id));
+                } else {
+                    self.turn_request(&myself, state, request, reply).await;
+                }
+            }
+            SessionMsg::Emit { turn_id, emits } => state.emit(&myself, &turn_id, emits),
+            SessionMsg::AcpSession(id) => state.acp_session = Some(id),
+            SessionMsg::Events(event) => {
+                let expected = match &event {
+                    OutboxEvent::Expected(_, e) => Some(e.to_owned()),
+                    _ => None,
+                };
+                state
+                    .events
+                    .on_event(event, &state.shared, &myself, SessionMsg::Events);
+                if let Some(e) = expected {
+                    // The harness has everything below `e`: resend from it.
+                    state.events.ack_where(|s| *s < e);
+                    state.events.resend_where(|s| *s >= e);
+                    state
+                        .events
+                        .pump(&state.shared, &myself, SessionMsg::Events);
+                }
+            }
             SessionMsg::Mcp(request, reply) => state.mcp_refused(request, reply),
             SessionMsg::RestartChild { id, generation } => {
                 if state.stopping {
@@ -1006,6 +1319,7 @@ impl Actor for Session {
                     let _ = p.actor.send_message(ProcessMsg::Panic);
                 }
             }
+            SessionMsg::Panic(Some(SessionChild::Agent | SessionChild::Turn(_))) => {}
             SessionMsg::Panic(Some(SessionChild::Mcp(_))) => {
                 // An MCP server is crashed from outside (kill -9) in tests.
             }
@@ -1082,6 +1396,13 @@ impl Session {
                 });
             }
             SessionRequest::ToolCall(p) => self.tool_call(myself, state, p, reply).await,
+            SessionRequest::SessionClose(_) => {
+                // The agent session ends; the executor session stays.
+                state.children.terminate(&SessionChild::Agent.id()).await;
+                state.agent = None;
+                state.acp_session = None;
+                reply.ok(&crate::wire::types::SessionCloseResult { closed: true });
+            }
             SessionRequest::ToolCancel(p) => match state.tools.get(&p.tool_call_id) {
                 Some(t) => {
                     if let ToolCall::Running(t) = t {
