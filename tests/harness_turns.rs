@@ -435,9 +435,11 @@ async fn interactions_answer_cancel_and_expiry() {
     assert_eq!(again["platformInteractionId"], pid.as_str());
     let note = s.next().await;
     assert_eq!(note.event.as_deref(), Some("interaction"));
-    assert_eq!(note.data["state"], "pending");
-    assert_eq!(note.data["interactionId"], "i-1");
-    assert_eq!(note.data["toolInput"]["path"], "out.txt");
+    assert_eq!(note.data["turnId"], "t1");
+    assert_eq!(note.data["interaction"]["state"], "pending");
+    assert_eq!(note.data["interaction"]["kind"], "permission");
+    assert_eq!(note.data["interaction"]["interactionId"], "i-1");
+    assert_eq!(note.data["interaction"]["toolInput"]["path"], "out.txt");
     let (status, v) = client.get(&base).await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(v["interactions"].as_array().unwrap().len(), 1);
@@ -490,7 +492,7 @@ async fn interactions_answer_cancel_and_expiry() {
     assert_eq!(v["outcome"], "allow");
     let states: Vec<Value> = [s.next().await, s.next().await]
         .iter()
-        .map(|m| m.data["state"].clone())
+        .map(|m| m.data["interaction"]["state"].clone())
         .collect();
     assert_eq!(states, vec![json!("responding"), json!("answered")]);
     // Answered already: 409; still readable.
@@ -511,7 +513,7 @@ async fn interactions_answer_cancel_and_expiry() {
         )
         .await
         .unwrap();
-    assert_eq!(s.next().await.data["state"], "pending");
+    assert_eq!(s.next().await.data["interaction"]["state"], "pending");
     let r: Value = fake
         .call(
             Method::InteractionCancel,
@@ -522,7 +524,10 @@ async fn interactions_answer_cancel_and_expiry() {
     assert_eq!(r["accepted"], true);
     let n = s.next().await;
     assert_eq!(
-        (n.data["state"].clone(), n.data["reason"].clone()),
+        (
+            n.data["interaction"]["state"].clone(),
+            n.data["interaction"]["reason"].clone()
+        ),
         (json!("canceled"), json!("turn_canceled"))
     );
     let (status, _) = client
@@ -679,4 +684,397 @@ async fn routes_need_the_api_token() {
         assert!(doc["paths"][p].is_object(), "{p} not documented");
     }
     h.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// End to end: the real executor, its ACP driver and the offline test agent
+// (tests/peers/agent/test-agent.mjs on the official ACP SDK).
+// ---------------------------------------------------------------------------
+
+fn agent_argv() -> Vec<String> {
+    vec![
+        "node".into(),
+        format!(
+            "{}/tests/peers/agent/test-agent.mjs",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    ]
+}
+
+struct E2e {
+    h: bmx::harness::HarnessHandle,
+    exec: bmx::executor::ExecutorHandle,
+    _work: tempfile::TempDir,
+    sid: String,
+}
+
+async fn e2e(executor_id: &str) -> E2e {
+    let (h, exec, work) = harness_with_executor_tweaked(
+        executor_id,
+        |b| b.heartbeat_ms(200).lease_ttl_ms(5_000),
+        |c| {
+            c.agents = vec![("test".into(), agent_argv())];
+            c.interaction_timeout = Duration::from_secs(60);
+        },
+    )
+    .await;
+    let (status, v) = api(&h).post("/v1/sessions", &json!({})).await.unwrap();
+    assert_eq!(status, 201, "{v}");
+    let sid = v["sessionId"].as_str().unwrap().to_owned();
+    E2e {
+        h,
+        exec,
+        _work: work,
+        sid,
+    }
+}
+
+impl E2e {
+    async fn start(&self, text: &str) -> (u16, Value) {
+        api(&self.h)
+            .post(
+                &format!("/v1/sessions/{}/turns", self.sid),
+                &json!({"input": text}),
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn events(&self, last_event_id: Option<u64>) -> Sse {
+        let s = sse(
+            &self.h,
+            &format!("/v1/sessions/{}/events", self.sid),
+            last_event_id,
+            None,
+        )
+        .await;
+        assert_eq!(s.status, 200, "{:?}", s.body);
+        s
+    }
+
+    async fn stop(self) {
+        self.exec.shutdown().await;
+        self.h.shutdown().await;
+    }
+}
+
+/// Stream items until `turn` is idle (30 s at most).
+async fn until_idle(s: &mut Sse, turn: &str) -> Vec<SseMsg> {
+    let mut seen = Vec::new();
+    loop {
+        let m = s
+            .next_within(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("turn {turn} idle within 30 s; saw {seen:#?}"));
+        let idle = m.data["turnId"] == turn && m.data["event"]["type"] == "session.status_idle";
+        seen.push(m);
+        if idle {
+            return seen;
+        }
+    }
+}
+
+fn finals(seen: &[SseMsg]) -> Vec<&SseMsg> {
+    seen.iter().filter(|m| m.event.is_none()).collect()
+}
+
+fn types(seen: &[SseMsg]) -> Vec<String> {
+    finals(seen)
+        .iter()
+        .map(|m| m.data["event"]["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn said(seen: &[SseMsg]) -> Vec<String> {
+    finals(seen)
+        .iter()
+        .filter(|m| m.data["event"]["type"] == "agent.message")
+        .map(|m| m.data["event"]["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn outcome(seen: &[SseMsg]) -> Value {
+    seen.last().unwrap().data["event"]["turnOutcome"].clone()
+}
+
+#[tokio::test]
+async fn e2e_a_turn_streams_deltas_then_final_events_and_sse_resumes() {
+    let t = e2e("exec-e2e-1").await;
+    let mut s = t.events(None).await;
+    let (status, v) = t.start("hi there").await;
+    assert_eq!(status, 201, "{v}");
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    assert!(v["executorSessionRef"].is_string(), "{v}");
+    assert_eq!(v["resumed"], false);
+    let seen = until_idle(&mut s, &turn).await;
+    assert_eq!(
+        types(&seen),
+        [
+            "session.status_running",
+            "agent.thinking",
+            "agent.message",
+            "agent.tool_use",
+            "agent.tool_result",
+            "session.status_idle"
+        ]
+    );
+    // Final events: id = sequence, 1..=6, no hole, nothing twice.
+    let ids: Vec<String> = finals(&seen)
+        .iter()
+        .map(|m| m.id.clone().unwrap())
+        .collect();
+    assert_eq!(ids, ["1", "2", "3", "4", "5", "6"]);
+    assert_eq!(said(&seen), ["Hello, you said: hi there"]);
+    // The message's deltas, without an id, came before its final event.
+    let message = finals(&seen)[2].data.clone();
+    let deltas: Vec<&SseMsg> = seen
+        .iter()
+        .filter(|m| m.event.as_deref() == Some("delta") && m.data["eventId"] == message["eventId"])
+        .collect();
+    let text: String = deltas
+        .iter()
+        .map(|d| d.data["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Hello, you said: hi there");
+    assert!(deltas.iter().all(|d| d.id.is_none()));
+    let pos = |pred: &dyn Fn(&SseMsg) -> bool| seen.iter().position(pred).unwrap();
+    assert!(
+        pos(&|m| m.event.as_deref() == Some("delta") && m.data["eventId"] == message["eventId"])
+            < pos(&|m| m.id.as_deref() == Some("3"))
+    );
+    let tool_use = &finals(&seen)[3].data["event"];
+    assert_eq!(tool_use["input"]["path"], "note.txt");
+    assert_eq!(outcome(&seen), "completed");
+
+    // A client that had up to 3 resumes with Last-Event-ID: 4, 5, 6, then
+    // the next turn live; nothing twice.
+    drop(s);
+    let mut again = t.events(Some(3)).await;
+    for want in 4..=6 {
+        assert_eq!(seq_of(&again.next().await), want);
+    }
+    let (status, v) = t.start("history").await;
+    assert_eq!(status, 201, "{v}");
+    let turn2 = v["turnId"].as_str().unwrap().to_owned();
+    let seen = until_idle(&mut again, &turn2).await;
+    assert_eq!(seq_of(finals(&seen)[0]), 7, "sequence goes on across turns");
+    assert_eq!(said(&seen), ["prompts so far: 2"]);
+    let seqs: Vec<u64> = finals(&seen).iter().map(|m| seq_of(m)).collect();
+    assert_eq!(seqs, (7..7 + seqs.len() as u64).collect::<Vec<_>>());
+    t.stop().await;
+}
+
+async fn pending_interaction(s: &mut Sse) -> Value {
+    loop {
+        let m = s.next().await;
+        if m.event.as_deref() == Some("interaction") && m.data["interaction"]["state"] == "pending"
+        {
+            return m.data["interaction"].clone();
+        }
+    }
+}
+
+#[tokio::test]
+async fn e2e_permissions_allow_deny_and_session_scope() {
+    let t = e2e("exec-e2e-2").await;
+    let client = api(&t.h);
+    let mut s = t.events(None).await;
+    let answer = |id: &str, body: Value| {
+        let (client, path) = (
+            client.clone(),
+            format!("/v1/sessions/{}/interactions/{id}", t.sid),
+        );
+        async move { client.post(&path, &body).await.unwrap() }
+    };
+
+    // Allow once.
+    let (_, v) = t.start("permission please").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    let i = pending_interaction(&mut s).await;
+    assert_eq!(i["turnId"], turn.as_str());
+    assert_eq!(i["kind"], "permission");
+    assert_eq!(i["toolInput"]["path"], "out.txt");
+    let (status, pending) = client
+        .get(&format!("/v1/sessions/{}/interactions", t.sid))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        pending["interactions"][0]["interactionId"],
+        i["interactionId"]
+    );
+    let id = i["interactionId"].as_str().unwrap();
+    let (status, v) = answer(id, json!({"outcome": "allow", "scope": "once"})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "answered");
+    let seen = until_idle(&mut s, &turn).await;
+    assert_eq!(said(&seen), ["allowed"]);
+    let result = finals(&seen)
+        .into_iter()
+        .find(|m| m.data["event"]["type"] == "agent.tool_result")
+        .unwrap();
+    assert_eq!(result.data["event"]["status"], "completed");
+
+    // Deny.
+    let (_, v) = t.start("permission again").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    let i = pending_interaction(&mut s).await;
+    let (status, v) = answer(
+        i["interactionId"].as_str().unwrap(),
+        json!({"outcome": "deny", "denyMessage": "not now"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let seen = until_idle(&mut s, &turn).await;
+    assert_eq!(said(&seen), ["denied"]);
+    assert_eq!(outcome(&seen), "completed");
+
+    // Allow for the session: the next turn's question is not asked.
+    let (_, v) = t.start("permission three").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    let i = pending_interaction(&mut s).await;
+    let (status, v) = answer(
+        i["interactionId"].as_str().unwrap(),
+        json!({"outcome": "allow", "scope": "session"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(said(&until_idle(&mut s, &turn).await), ["allowed"]);
+    let (_, v) = t.start("permission four").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    let seen = until_idle(&mut s, &turn).await;
+    assert_eq!(said(&seen), ["allowed"]);
+    assert!(
+        !seen
+            .iter()
+            .any(|m| m.event.as_deref() == Some("interaction")),
+        "asked again: {seen:#?}"
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn e2e_cancel_one_turn_at_a_time_and_a_crash_then_the_next_turn() {
+    let t = e2e("exec-e2e-3").await;
+    let client = api(&t.h);
+    let mut s = t.events(None).await;
+    let (_, v) = t.start("slow").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    // Ticks arrive (deltas or finals)...
+    loop {
+        let m = s.next().await;
+        if m.data["turnId"] == turn.as_str()
+            && (m.data["text"]
+                .as_str()
+                .is_some_and(|x| x.starts_with("tick"))
+                || m.data["event"]["text"]
+                    .as_str()
+                    .is_some_and(|x| x.starts_with("tick")))
+        {
+            break;
+        }
+    }
+    // ...a second turn is refused while it runs...
+    let (status, v) = t.start("hi").await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["data"]["reason"], "turn_running");
+    // ...and cancel ends it.
+    let (status, v) = client
+        .post(
+            &format!("/v1/sessions/{}/turns/{turn}/cancel", t.sid),
+            &json!({"reason": "user"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!((status, v["canceled"].clone()), (200, json!(true)));
+    let seen = until_idle(&mut s, &turn).await;
+    assert_eq!(outcome(&seen), "canceled");
+    // Input to a finished turn: the executor's 409.
+    let (status, v) = client
+        .post(
+            &format!("/v1/sessions/{}/turns/{turn}/input", t.sid),
+            &json!({"input": "more"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "{v}");
+
+    // The agent dies mid-turn: session.error, failed; the next turn works
+    // on a fresh agent.
+    let (_, v) = t.start("crash").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    let seen = until_idle(&mut s, &turn).await;
+    assert!(
+        types(&seen).contains(&"session.error".to_owned()),
+        "{seen:#?}"
+    );
+    assert_eq!(outcome(&seen), "failed");
+    let (status, v) = t.start("after the crash").await;
+    assert_eq!(status, 201, "{v}");
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    let seen = until_idle(&mut s, &turn).await;
+    assert_eq!(outcome(&seen), "completed");
+    assert_eq!(said(&seen), ["Hello, you said: after the crash"]);
+    // Every final event of the session so far, once each, in order.
+    drop(s);
+    let mut all = t.events(None).await;
+    let mut n = 0;
+    while let Some(m) = all.next_within(Duration::from_millis(500)).await {
+        if m.event.is_none() {
+            n += 1;
+            assert_eq!(seq_of(&m), n);
+        }
+    }
+    assert!(n >= 10, "{n}");
+    t.stop().await;
+}
+
+async fn bmx_run(t: &E2e, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
+        .arg("run")
+        .arg("--harness")
+        .arg(t.h.api_url())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("bmx run ends within 60 s")
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn e2e_bmx_run_streams_asks_and_exits_with_the_outcome() {
+    let t = e2e("exec-e2e-4").await;
+    // A new session of its own, stopped at the end.
+    let (code, out, err) = bmx_run(&t, &["hello", "world"]).await;
+    assert_eq!(code, 0, "stdout {out:?} stderr {err:?}");
+    assert_eq!(out, "Hello, you said: hello world\n");
+    assert!(err.contains("[tool] read a file"), "{err}");
+    // In our session: no terminal to ask, so the permission is denied.
+    let sid = t.sid.clone();
+    let (code, out, err) = bmx_run(&t, &["--session", &sid, "permission"]).await;
+    assert_eq!(code, 0, "stdout {out:?} stderr {err:?}");
+    assert_eq!(out, "denied\n");
+    assert!(err.contains("no terminal to ask: denied"), "{err}");
+    let (code, out, _) = bmx_run(
+        &t,
+        &["--session", &sid, "--permission", "allow", "permission"],
+    )
+    .await;
+    assert_eq!((code, out.as_str()), (0, "allowed\n"));
+    // The agent crashes: exit 1.
+    let (code, _, err) = bmx_run(&t, &["--session", &sid, "crash"]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("agent error"), "{err}");
+    // The session goes on.
+    let (code, out, _) = bmx_run(&t, &["--session", &sid, "history"]).await;
+    assert_eq!(code, 0);
+    assert!(out.starts_with("prompts so far: "), "{out}");
+    t.stop().await;
 }

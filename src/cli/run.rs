@@ -322,12 +322,13 @@ fn on_event(
             None
         }
         Some("interaction") if ours => {
-            let id = d["interactionId"].as_str().unwrap_or_default().to_owned();
-            match d["state"].as_str() {
-                Some("pending") if t.asked.insert(id.clone()) => answer(ctx, d, fixed.clone()),
+            let i = &d["interaction"];
+            let id = i["interactionId"].as_str().unwrap_or_default().to_owned();
+            match i["state"].as_str() {
+                Some("pending") if t.asked.insert(id.clone()) => answer(ctx, i, fixed.clone()),
                 Some("expired") | Some("canceled") => err_line(&format!(
                     "bmx run: the permission question {id} went away ({})",
-                    d["reason"].as_str().unwrap_or("canceled")
+                    i["reason"].as_str().unwrap_or("canceled")
                 )),
                 _ => {}
             }

@@ -227,13 +227,19 @@ fn ms_until(stamp: &str) -> Option<u64> {
     Some(left.whole_milliseconds().clamp(0, i128::from(u64::MAX)) as u64)
 }
 
-/// The JSON record of an interaction notice on the event stream.
+/// The JSON record of an interaction notice on the event stream: the
+/// interaction nested (its own `kind` is `permission` or `question`), with
+/// the session and turn beside `kind` like every other record.
 fn interaction_json(view: &InteractionView) -> Arc<str> {
-    let mut v = serde_json::to_value(view).unwrap_or_else(|_| json!({}));
-    if let Some(o) = v.as_object_mut() {
-        o.insert("kind".into(), json!("interaction"));
-    }
-    Arc::from(v.to_string())
+    Arc::from(
+        json!({
+            "kind": "interaction",
+            "sessionId": view.request.session_id,
+            "turnId": view.request.turn_id,
+            "interaction": view,
+        })
+        .to_string(),
+    )
 }
 
 impl TurnsState {

@@ -114,6 +114,7 @@ fn turn_schemas() -> Value {
           "event": {"type": "object", "description": "event: {type: agent.message|agent.thinking|agent.tool_use|agent.tool_result|session.status_running|session.status_idle|session.error, ...}"},
           "receivedAt": {"type": "string", "format": "date-time"},
           "eventType": {"type": "string", "description": "delta: the type of the event it streams"}, "index": {"type": "integer"}, "text": {"type": "string"},
+          "interaction": {"$ref": "#/components/schemas/Interaction"},
           "from": {"type": "integer"}, "to": {"type": "integer"}, "reason": {"type": "string"}, "message": {"type": "string"}}},
       "Interaction": {"type": "object", "properties": {
           "sessionId": {"type": "string"}, "turnId": {"type": "string"}, "interactionId": {"type": "string"}, "platformInteractionId": {"type": "string"},
