@@ -62,6 +62,22 @@ pub struct UpArgs {
     /// Id of the local executor.
     #[arg(long, default_value = "local")]
     pub executor_id: String,
+    /// An ACP agent the local executor runs turns with: `NAME=COMMAND
+    /// [ARGS...]` (split on whitespace; repeatable; the first is the
+    /// default). Then `bmx run "prompt"` talks to it.
+    #[arg(long = "agent", value_name = "NAME=COMMAND")]
+    pub agents: Vec<String>,
+}
+
+/// `NAME=COMMAND [ARGS...]` → (name, argv), as `bmx executor --agent` reads it.
+pub fn parse_agent(spec: &str) -> Result<(String, Vec<String>), String> {
+    let bad = || format!("--agent {spec:?}: expected NAME=COMMAND");
+    let (name, command) = spec.split_once('=').ok_or_else(bad)?;
+    let argv: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+    if name.is_empty() || argv.is_empty() {
+        return Err(bad());
+    }
+    Ok((name.to_owned(), argv))
 }
 
 /// Run a command on an executor through the harness API, stream its stdout
@@ -198,6 +214,16 @@ pub async fn run_harness(args: HarnessArgs) -> ExitCode {
 }
 
 pub async fn run_up(args: UpArgs) -> ExitCode {
+    let mut agents = Vec::new();
+    for spec in &args.agents {
+        match parse_agent(spec) {
+            Ok(a) => agents.push(a),
+            Err(e) => {
+                eprintln!("bmx up: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let token = uuid::Uuid::new_v4().simple().to_string();
     let h: HarnessHandle = match Harness::builder()
         .listen(SocketAddr::from(([127, 0, 0, 1], args.port)))
@@ -228,6 +254,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     };
     let mut config = ExecutorConfig::new(endpoint, TokenSource::Static(token));
     config.work_root = work_root.clone();
+    config.agents = agents;
     let executor = match Executor::start(config).await {
         Ok(e) => e,
         Err(e) => {
@@ -497,5 +524,14 @@ mod tests {
         assert!(parse_token("=x").is_err());
         assert_eq!(exit_status(&json!({"exitCode": 3})), 3);
         assert_eq!(exit_status(&json!({"exitSignal": 9})), 137);
+        assert_eq!(
+            parse_agent("test=node agent.mjs --x").unwrap(),
+            (
+                "test".to_string(),
+                vec!["node".into(), "agent.mjs".into(), "--x".into()]
+            )
+        );
+        assert!(parse_agent("test=").is_err());
+        assert!(parse_agent("=node").is_err());
     }
 }

@@ -7,6 +7,7 @@ pub mod attach;
 pub mod bench;
 pub mod executor;
 pub mod harness;
+pub mod run;
 
 /// bmx: an actor-model runtime for the executor protocol.
 ///
@@ -41,6 +42,10 @@ pub enum Command {
     Up(harness::UpArgs),
     /// Run a command on an executor through the harness API and stream its output.
     Exec(harness::ExecArgs),
+    /// Run one agent turn in a session (a new one by default): stream the
+    /// agent's text, ask its permission questions here, exit with the
+    /// turn's outcome (0 completed, 1 failed, 130 canceled).
+    Run(run::RunArgs),
     /// List executors and sessions of a harness.
     Ps(harness::PsArgs),
     /// Attach this terminal to a terminal on an executor (a new one, or
@@ -74,7 +79,7 @@ pub fn main() -> ExitCode {
     init_tracing(
         match cli.command {
             // Log lines would land in the middle of the remote screen.
-            Command::Bench(_) | Command::Attach(_) => "warn",
+            Command::Bench(_) | Command::Attach(_) | Command::Run(_) => "warn",
             _ => "info",
         },
         cli.log_format,
@@ -96,6 +101,7 @@ pub fn main() -> ExitCode {
             Command::Up(args) => harness::run_up(args).await,
             Command::Exec(args) => harness::run_exec(args).await,
             Command::Ps(args) => harness::run_ps(args).await,
+            Command::Run(args) => run::run(args).await,
             Command::Attach(args) => attach::run(args).await,
             Command::Bench(cmd) => bench::run(cmd).await,
         }

@@ -86,7 +86,7 @@ struct Entry {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestDecision {
     /// New: pending now (tell subscribers).
-    New(InteractionView),
+    New(Box<InteractionView>),
     /// A resend: the same `platformInteractionId` again, nothing changes.
     Known { platform_interaction_id: String },
     /// Too many pending.
@@ -164,7 +164,7 @@ impl Interactions {
                 deadline_ms,
             },
         );
-        RequestDecision::New(view)
+        RequestDecision::New(Box::new(view))
     }
 
     /// Begin answering `id`: it is `responding` until

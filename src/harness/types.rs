@@ -108,7 +108,7 @@ pub enum HarnessEvent {
     SessionEvent(SessionEventParams),
     SessionEventDelta(EventDeltaParams),
     /// An interaction became pending, or was answered, canceled or expired.
-    Interaction(crate::harness::interactions::InteractionView),
+    Interaction(Box<crate::harness::interactions::InteractionView>),
     /// A v1.1 frame the harness does not act on (terminals),
     /// passed through as it came. MCP frames never appear here: their
     /// payloads may carry secrets.

@@ -290,3 +290,139 @@ pub async fn harness_with_executor_tweaked(
     );
     (h, running, work)
 }
+
+/// One Server-Sent Event as a test sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SseMsg {
+    /// `event:` (None for the default `message`).
+    pub event: Option<String>,
+    pub id: Option<String>,
+    pub data: serde_json::Value,
+}
+
+/// A real SSE client (reqwest, streaming) of `GET path` with an optional
+/// `Last-Event-ID`; parses events as they arrive.
+pub struct Sse {
+    pub status: u16,
+    pub body: Option<serde_json::Value>,
+    stream: Option<
+        std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    >,
+    buf: Vec<u8>,
+}
+
+pub async fn sse(
+    h: &HarnessHandle,
+    path: &str,
+    last_event_id: Option<u64>,
+    token: Option<&str>,
+) -> Sse {
+    let mut req = reqwest::Client::new()
+        .get(format!("{}{path}", h.api_url()))
+        .header("accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id.to_string());
+    }
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.expect("SSE request");
+    let status = resp.status().as_u16();
+    if status != 200 {
+        let body = resp
+            .bytes()
+            .await
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        return Sse {
+            status,
+            body,
+            stream: None,
+            buf: Vec::new(),
+        };
+    }
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    Sse {
+        status,
+        body: None,
+        stream: Some(Box::pin(resp.bytes_stream())),
+        buf: Vec::new(),
+    }
+}
+
+impl Sse {
+    /// The next event (comments skipped), or None when the stream ends or
+    /// nothing comes within `within`.
+    pub async fn next_within(&mut self, within: Duration) -> Option<SseMsg> {
+        use futures_util::StreamExt;
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // A complete event ends with a blank line.
+            if let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                let text = String::from_utf8(block).expect("utf-8");
+                let mut msg = SseMsg {
+                    event: None,
+                    id: None,
+                    data: serde_json::Value::Null,
+                };
+                let mut data = String::new();
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        msg.event = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("id:") {
+                        msg.id = Some(v.trim().to_owned());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                msg.data = serde_json::from_str(&data).expect("data is JSON");
+                return Some(msg);
+            }
+            let stream = self.stream.as_mut()?;
+            match tokio::time::timeout_at(deadline, stream.next()).await {
+                Ok(Some(Ok(chunk))) => self.buf.extend_from_slice(&chunk),
+                _ => return None,
+            }
+        }
+    }
+
+    pub async fn next(&mut self) -> SseMsg {
+        self.next_within(WAIT).await.expect("an SSE event")
+    }
+}
+
+/// A fake executor registered as `exec-a` (heartbeating) and a session
+/// created on it.
+pub async fn fake_with_session(h: &HarnessHandle) -> (Fake, String) {
+    let mut fake = dial(h, "secret-a").await.unwrap();
+    fake.register(None).await.unwrap();
+    fake.keep_alive();
+    let v = create_session(h, &mut fake, serde_json::json!({})).await;
+    let id = v["sessionId"].as_str().unwrap().to_owned();
+    (fake, id)
+}
+
+/// `session.event` from the fake: its answer.
+pub async fn send_event(
+    fake: &Fake,
+    session: &str,
+    turn: &str,
+    sequence: u64,
+    event: serde_json::Value,
+) -> Result<serde_json::Value, CallError> {
+    fake.call(
+        Method::SessionEvent,
+        &serde_json::json!({
+            "sessionId": session, "turnId": turn, "eventId": format!("ev-{sequence}"),
+            "sequence": sequence, "event": event,
+        }),
+    )
+    .await
+}

@@ -227,13 +227,19 @@ fn ms_until(stamp: &str) -> Option<u64> {
     Some(left.whole_milliseconds().clamp(0, i128::from(u64::MAX)) as u64)
 }
 
-/// The JSON record of an interaction notice on the event stream.
+/// The JSON record of an interaction notice on the event stream: the
+/// interaction nested (its own `kind` is `permission` or `question`), with
+/// the session and turn beside `kind` like every other record.
 fn interaction_json(view: &InteractionView) -> Arc<str> {
-    let mut v = serde_json::to_value(view).unwrap_or_else(|_| json!({}));
-    if let Some(o) = v.as_object_mut() {
-        o.insert("kind".into(), json!("interaction"));
-    }
-    Arc::from(v.to_string())
+    Arc::from(
+        json!({
+            "kind": "interaction",
+            "sessionId": view.request.session_id,
+            "turnId": view.request.turn_id,
+            "interaction": view,
+        })
+        .to_string(),
+    )
 }
 
 impl TurnsState {
@@ -320,7 +326,7 @@ impl TurnsState {
     /// Tell stream clients and the platform's callback about an interaction.
     fn notice(&mut self, v: &InteractionView) {
         self.log.live("interaction", interaction_json(v));
-        self.shared.emit(HarnessEvent::Interaction(v.clone()));
+        self.shared.emit(HarnessEvent::Interaction(Box::new(v.clone())));
     }
 
     fn event(&mut self, p: SessionEventParams, reply: Option<Responder>) {

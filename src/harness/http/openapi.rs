@@ -70,7 +70,141 @@ pub fn document() -> Value {
             paths.extend(more);
         }
     }
+    if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
+        if let Value::Object(more) = turn_schemas() {
+            schemas.extend(more);
+        }
+    }
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        if let Value::Object(more) = turn_paths() {
+            paths.extend(more);
+        }
+    }
     doc
+}
+
+fn turn_schemas() -> Value {
+    json!({
+      "TurnInputItem": {"type": "object", "required": ["type"], "properties": {
+          "type": {"type": "string", "enum": ["text", "file"]}, "text": {"type": "string", "description": "text items: required, not empty"},
+          "fileId": {"type": "string", "description": "file items: required"}, "name": {"type": "string"}, "mimeType": {"type": "string"}, "sizeBytes": {"type": "integer"}}},
+      "TurnInput": {"description": "a string (one text item) or 1 to 64 items", "oneOf": [
+          {"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "maxItems": 64, "items": {"$ref": "#/components/schemas/TurnInputItem"}}]},
+      "TurnConfig": {"type": "object", "properties": {
+          "agent": {"type": "string", "description": "one of the executor's agents (capabilities.agent.agents); default its first"},
+          "model": {"type": "string"}, "cwd": {"type": "string"}, "permissionMode": {"type": "string"}, "system": {"type": "string"}, "thinkingLevel": {"type": "string"}}},
+      "StartTurn": {"type": "object", "additionalProperties": false, "required": ["input"], "properties": {
+          "input": {"$ref": "#/components/schemas/TurnInput"}, "config": {"$ref": "#/components/schemas/TurnConfig"},
+          "turnId": {"type": "string", "maxLength": 128, "description": "idempotency key (default: a fresh turn-<uuid>): the same id again gets the same answer"},
+          "executorSessionRef": {"type": "string", "description": "resume the agent's own session (from an earlier answer)"},
+          "deadlineMs": {"type": "integer"}, "metadata": {"type": "object"}}},
+      "TurnStarted": {"type": "object", "properties": {
+          "turnId": {"type": "string"}, "inputId": {"type": "string"}, "accepted": {"type": "boolean"},
+          "effective": {"type": "object", "description": "the configuration the executor applied (agent, model, ...)"},
+          "executorSessionRef": {"type": "string"}, "resumed": {"type": "boolean"}}},
+      "MoreInput": {"type": "object", "additionalProperties": false, "required": ["input"], "properties": {
+          "input": {"$ref": "#/components/schemas/TurnInput"}, "inputId": {"type": "string", "maxLength": 128}}},
+      "InputAccepted": {"type": "object", "properties": {"accepted": {"type": "boolean"}, "inputId": {"type": "string"}}},
+      "CancelTurn": {"type": "object", "additionalProperties": false, "properties": {"reason": {"type": "string", "maxLength": 256}}},
+      "TurnCanceled": {"type": "object", "properties": {"canceled": {"type": "boolean", "description": "false when the turn had already finished"}}},
+      "StreamItem": {"type": "object", "required": ["kind"], "description": "one item of the event stream (an SSE data line, a WebSocket text frame)", "properties": {
+          "kind": {"type": "string", "enum": ["event", "delta", "interaction", "gap", "end", "error"]},
+          "sessionId": {"type": "string"}, "turnId": {"type": "string"}, "eventId": {"type": "string"},
+          "sequence": {"type": "integer", "description": "event: 1, 2, 3... per session, no hole"},
+          "event": {"type": "object", "description": "event: {type: agent.message|agent.thinking|agent.tool_use|agent.tool_result|session.status_running|session.status_idle|session.error, ...}"},
+          "receivedAt": {"type": "string", "format": "date-time"},
+          "eventType": {"type": "string", "description": "delta: the type of the event it streams"}, "index": {"type": "integer"}, "text": {"type": "string"},
+          "interaction": {"$ref": "#/components/schemas/Interaction"},
+          "from": {"type": "integer"}, "to": {"type": "integer"}, "reason": {"type": "string"}, "message": {"type": "string"}}},
+      "Interaction": {"type": "object", "properties": {
+          "sessionId": {"type": "string"}, "turnId": {"type": "string"}, "interactionId": {"type": "string"}, "platformInteractionId": {"type": "string"},
+          "kind": {"type": "string", "enum": ["permission", "question"]}, "toolName": {"type": "string"}, "toolInput": {}, "toolUseId": {"type": "string"},
+          "question": {"type": "object"}, "scopes": {"type": "array", "items": {"type": "string", "enum": ["once", "session"]}},
+          "expiresAt": {"type": "string", "format": "date-time"}, "receivedAt": {"type": "string", "format": "date-time"},
+          "state": {"type": "string", "enum": ["pending", "responding", "answered", "canceled", "expired"]},
+          "outcome": {"type": "string", "enum": ["allow", "deny", "answered"]}, "reason": {"type": "string", "description": "why it went away (turn_canceled, expired, session_ended, unknown_to_executor, ...)"}}},
+      "Interactions": {"type": "object", "properties": {"interactions": {"type": "array", "items": {"$ref": "#/components/schemas/Interaction"}}}},
+      "InteractionAnswer": {"type": "object", "additionalProperties": false, "required": ["outcome"], "properties": {
+          "outcome": {"type": "string", "enum": ["allow", "deny", "answered"], "description": "permission: allow or deny; question: answered or deny"},
+          "scope": {"type": "string", "enum": ["once", "session"], "description": "one of the interaction's scopes; session: the executor does not ask again for this tool in this session"},
+          "answers": {"description": "question answers (at most 64 KiB of JSON)"}, "denyMessage": {"type": "string", "maxLength": 4096}}}
+    })
+}
+
+fn turn_paths() -> Value {
+    let turn =
+        json!({"name": "turnId", "in": "path", "required": true, "schema": {"type": "string"}});
+    let iid = json!({"name": "interactionId", "in": "path", "required": true, "schema": {"type": "string"}, "description": "the executor's interactionId"});
+    let after = json!({"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0},
+        "description": "the last sequence the client has (0: from the oldest kept); Last-Event-ID wins when both are given"});
+    let last_id = json!({"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}, "description": "sent by EventSource on reconnect: resume after this sequence"});
+    let stream_errors = |mut r: Value| {
+        let m = r.as_object_mut().expect("object");
+        m.insert("400".into(), err("bad after / Last-Event-ID, or after beyond the last event (reason after_beyond_last)"));
+        m.insert("404".into(), err("unknown session (-32011)"));
+        m.insert("429".into(), err("the session has its maximum of stream clients (64; -32015, reason too_many_subscribers)"));
+        r
+    };
+    let turn_errors = |r: Value| {
+        let mut r = session_errors(r);
+        let m = r.as_object_mut().expect("object");
+        m.insert("409".into(), err("the executor's conflict (-32009): turn_running (a turn is running), turn_finished (input to a finished turn)"));
+        m.insert(
+            "413".into(),
+            err("the input does not fit in a control frame (-32013)"),
+        );
+        m.insert(
+            "501".into(),
+            err("the executor does not offer the agent capability (-32012)"),
+        );
+        m.insert(
+            "502".into(),
+            err("the executor connection closed mid-request (reason executor_lost)"),
+        );
+        r
+    };
+    json!({
+      "/v1/sessions/{id}/turns": {
+        "parameters": [sid()],
+        "post": {"summary": "turn.start: run an agent turn in the session (one at a time); the agent's output flows on /events",
+          "requestBody": body("StartTurn", true),
+          "responses": turn_errors(json!({"201": ok("the executor's answer and the ids", "TurnStarted")}))}},
+      "/v1/sessions/{id}/turns/{turnId}/input": {
+        "parameters": [sid(), turn],
+        "post": {"summary": "turn.input: more input for the running turn (the agent's next prompt in the same turn)",
+          "requestBody": body("MoreInput", true),
+          "responses": turn_errors(json!({"200": ok("accepted", "InputAccepted")}))}},
+      "/v1/sessions/{id}/turns/{turnId}/cancel": {
+        "parameters": [sid(), {"name": "turnId", "in": "path", "required": true, "schema": {"type": "string"}}],
+        "post": {"summary": "turn.cancel: the turn ends with turnOutcome canceled",
+          "requestBody": body("CancelTurn", false),
+          "responses": turn_errors(json!({"200": ok("canceled or not (already finished)", "TurnCanceled")}))}},
+      "/v1/sessions/{id}/events": {
+        "parameters": [sid(), after.clone(), last_id.clone()],
+        "get": {"summary": "The session's agent stream as Server-Sent Events: the events kept after the cursor, then live events, deltas and interaction notices, until the session ends",
+          "description": "Final events: `id: <sequence>`, no event name (type message), data = StreamItem kind event. Deltas (`event: delta`) and interaction notices (`event: interaction`: pending, responding, answered, canceled, expired) have no id and are not replayed (after a reconnect, GET /interactions lists what is pending). `event: gap` {from, to}: those events were dropped by retention (the newest 10 000 / 16 MiB are kept per session while it lives, 1 000 / 1 MiB once it ended). `event: end` {reason}: the session ended; the stream closes. `event: error` {reason: slow_subscriber}: this client fell 4096 items behind and was let go; reconnect with Last-Event-ID: nothing is lost. Keep-alive comments every 15 s.",
+          "responses": stream_errors(json!({"200": {"description": "text/event-stream of StreamItem", "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/StreamItem"}}}}}))}},
+      "/v1/sessions/{id}/events/ws": {
+        "parameters": [sid(), after, last_id],
+        "get": {"summary": "The same stream over a WebSocket: one StreamItem JSON text frame each; closed with 1000 after end, 1013 after error; pings every 15 s",
+          "responses": stream_errors(json!({"101": {"description": "switching protocols"}}))}},
+      "/v1/sessions/{id}/interactions": {
+        "parameters": [sid()],
+        "get": {"summary": "Interactions waiting for an answer (pending or responding), oldest deadline first",
+          "responses": {"200": ok("interactions", "Interactions"), "404": err("unknown session")}}},
+      "/v1/sessions/{id}/interactions/{interactionId}": {
+        "parameters": [sid(), iid],
+        "get": {"summary": "One interaction, pending or recently resolved (the newest 256 resolved are remembered)",
+          "responses": {"200": ok("the interaction", "Interaction"), "404": err("unknown session or interaction (-32004, reason unknown_interaction)")}},
+        "post": {"summary": "Answer it: interaction.response to the executor; answers the interaction, resolved",
+          "requestBody": body("InteractionAnswer", true),
+          "responses": {"200": ok("the interaction, answered", "Interaction"),
+            "400": err("an outcome that does not fit its kind, a scope it does not offer, bad input"),
+            "404": err("unknown session or interaction (reason unknown_interaction)"),
+            "409": err("interaction_resolved (answered, canceled or expired: data.detail), interaction_busy (an answer is on its way), interaction_gone (the executor no longer waits for it)"),
+            "413": err("the body is larger than 128 KiB"),
+            "503": err("the executor is disconnected: the interaction stays pending")}}}
+    })
 }
 
 fn mcp_schemas() -> Value {
@@ -241,7 +375,7 @@ fn base() -> Value {
       "info": {
         "title": "bmx harness API",
         "version": env!("CARGO_PKG_VERSION"),
-        "description": "Control plane of the executor protocol: executors, sessions, processes, tools, terminals, MCP servers. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
+        "description": "Control plane of the executor protocol: executors, sessions, processes, tools, terminals, MCP servers, agent turns. Errors are {\"error\": {code, message, data}} with the JSON-RPC code inside. With --api-token every route needs `Authorization: Bearer <token>`."
       },
       "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
@@ -364,6 +498,13 @@ mod tests {
             "/v1/executors/{id}/terminals/{tid}",
             "/v1/executors/{id}/terminals/{tid}/attach",
             "/v1/relay/terminals/{ticket}",
+            "/v1/sessions/{id}/turns",
+            "/v1/sessions/{id}/turns/{turnId}/input",
+            "/v1/sessions/{id}/turns/{turnId}/cancel",
+            "/v1/sessions/{id}/events",
+            "/v1/sessions/{id}/events/ws",
+            "/v1/sessions/{id}/interactions",
+            "/v1/sessions/{id}/interactions/{interactionId}",
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }
