@@ -326,7 +326,8 @@ impl TurnsState {
     /// Tell stream clients and the platform's callback about an interaction.
     fn notice(&mut self, v: &InteractionView) {
         self.log.live("interaction", interaction_json(v));
-        self.shared.emit(HarnessEvent::Interaction(Box::new(v.clone())));
+        self.shared
+            .emit(HarnessEvent::Interaction(Box::new(v.clone())));
     }
 
     fn event(&mut self, p: SessionEventParams, reply: Option<Responder>) {
