@@ -1078,3 +1078,114 @@ async fn e2e_bmx_run_streams_asks_and_exits_with_the_outcome() {
     assert!(out.starts_with("prompts so far: "), "{out}");
     t.stop().await;
 }
+
+#[tokio::test]
+async fn e2e_a_connection_cut_mid_turn_loses_no_event_and_repeats_none() {
+    let t = e2e("exec-e2e-5").await;
+    let client = api(&t.h);
+    let mut s = t.events(None).await;
+    let (_, v) = t.start("slow").await;
+    let turn = v["turnId"].as_str().unwrap().to_owned();
+    // Ticks flow; then the executor's connection is cut (closed with 1011:
+    // the executor reconnects and resumes its session).
+    let mut early = Vec::new();
+    while early
+        .iter()
+        .filter(|m: &&SseMsg| m.event.as_deref() == Some("delta"))
+        .count()
+        < 2
+    {
+        early.push(s.next().await);
+    }
+    let before = t.h.executors()[0].connection_id.clone();
+    assert!(t.h.inject_connection_panic("exec-e2e-5"));
+    // Back on a new connection.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while t
+        .h
+        .executors()
+        .first()
+        .is_none_or(|e| e.connection_id == before)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "no reconnect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Cancel (retried while the session's executor is away) and finish.
+    let cancel = format!("/v1/sessions/{}/turns/{turn}/cancel", t.sid);
+    loop {
+        let (status, v) = client.post(&cancel, &json!({})).await.unwrap();
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{v}");
+        assert!(tokio::time::Instant::now() < deadline + WAIT, "{v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut seen = early;
+    seen.extend(until_idle(&mut s, &turn).await);
+    assert_eq!(outcome(&seen), "canceled");
+    let (_, v) = t.start("after the cut").await;
+    let turn2 = v["turnId"].as_str().unwrap().to_owned();
+    let seen2 = until_idle(&mut s, &turn2).await;
+    assert_eq!(said(&seen2), ["Hello, you said: after the cut"]);
+    // The live client saw every sequence once, in order, no hole...
+    let live: Vec<u64> = finals(&seen)
+        .into_iter()
+        .chain(finals(&seen2))
+        .map(seq_of)
+        .collect();
+    assert_eq!(live, (1..=live.len() as u64).collect::<Vec<_>>());
+    // ...and so does a replay of everything kept.
+    let mut all = t.events(None).await;
+    let mut replayed = Vec::new();
+    while let Some(m) = all.next_within(Duration::from_millis(500)).await {
+        if m.event.is_none() {
+            replayed.push(seq_of(&m));
+        }
+    }
+    assert_eq!(replayed, live);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn e2e_bmx_run_ctrl_c_cancels_the_turn() {
+    use tokio::io::AsyncReadExt;
+    let t = e2e("exec-e2e-6").await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
+        .args([
+            "run",
+            "--harness",
+            &t.h.api_url(),
+            "--session",
+            &t.sid,
+            "slow",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&got).contains("tick 2") {
+        let n = tokio::time::timeout(WAIT, stdout.read(&mut buf))
+            .await
+            .expect("ticks on stdout")
+            .unwrap();
+        assert!(n > 0, "stdout closed: {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("bmx run ends after Ctrl-C")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    // The turn was canceled, not abandoned: the session takes the next one.
+    let (status, v) = t.start("hi").await;
+    assert_eq!(status, 201, "{v}");
+    t.stop().await;
+}

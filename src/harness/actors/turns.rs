@@ -165,6 +165,19 @@ impl Actor for SessionTurns {
             span.in_scope(|| tracing::info!("event stream rebuilt: the next event sets the start"));
             EventLog::unknown(config.event_log)
         };
+        let mut log = log;
+        // Started for a session already over (its first actor failed):
+        // clients get what little there is and the end, never a stream
+        // that waits forever.
+        let ended = a
+            .shared
+            .sessions
+            .get(&a.session_id)
+            .filter(|s| s.state == SessionState::Ended)
+            .map(|s| s.ended_reason.clone().unwrap_or_else(|| "ended".into()));
+        if let Some(reason) = ended {
+            log.end(&reason);
+        }
         a.shared.turns.insert(a.session_id.clone(), myself);
         Ok(TurnsState {
             interactions: Interactions::new(config.interactions),
