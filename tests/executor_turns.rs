@@ -414,13 +414,14 @@ async fn a_connection_cut_mid_turn_loses_no_event_and_duplicates_none() {
             .await
             .expect("every event within 30 s");
     }
-    let s = state.lock().unwrap();
-    assert_eq!(s.accepted, vec![1, 2, 3, 4, 5, 6], "each once, in order");
-    assert!(
-        s.seen.iter().filter(|&&q| q == 3).count() >= 2,
-        "the cut event was sent again: {:?}",
-        s.seen
-    );
-    drop(s);
+    {
+        let s = state.lock().unwrap();
+        assert_eq!(s.accepted, vec![1, 2, 3, 4, 5, 6], "each once, in order");
+        assert!(
+            s.seen.iter().filter(|&&q| q == 3).count() >= 2,
+            "the cut event was sent again: {:?}",
+            s.seen
+        );
+    }
     executor.shutdown().await;
 }
