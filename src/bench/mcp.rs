@@ -12,10 +12,8 @@
 //! Each row runs `calls` calls with 1 and with 32 in flight and reports
 //! latency p50/p99 and calls per second; the ratios are proxied/direct.
 
+use super::local::Local;
 use bmx::executor::mcp::sse::SseReader;
-use bmx::executor::{Executor, ExecutorConfig, TokenSource};
-use bmx::harness::Harness;
-use bmx::wire::Endpoint;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -178,7 +176,8 @@ impl Direct {
 struct Proxied {
     http: reqwest::Client,
     url: String,
-    token: String,
+    /// `Bearer <api token>`.
+    auth: String,
     session: String,
 }
 
@@ -187,7 +186,7 @@ impl Proxied {
         let mut req = self
             .http
             .post(&self.url)
-            .header("authorization", format!("Bearer {}", self.token))
+            .header("authorization", &self.auth)
             .header("content-type", "application/json")
             .header("accept", "application/json, text/event-stream")
             .body(body);
@@ -278,54 +277,17 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
     let direct = Arc::new(Direct::start(&command).await?);
 
     // The proxied path: harness + executor in process, on loopback.
-    let api_token = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let harness = Harness::builder()
-        .listen("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
-        .token("bench", "bench-token")
-        .api_token(Some(api_token.clone()))
-        .build()
-        .await
-        .map_err(|e| format!("harness: {e}"))?;
-    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut config = ExecutorConfig::new(
-        Endpoint::parse(&harness.executor_url()).map_err(|e| e.to_string())?,
-        TokenSource::Static("bench-token".into()),
-    );
-    config.work_root = work.path().to_owned();
-    let executor = Executor::start(config).await.map_err(|e| e.to_string())?;
-    if !harness
-        .wait_for_executor(Some("bench"), Duration::from_secs(10))
-        .await
-    {
-        return Err("the executor did not register".into());
-    }
-    let http = reqwest::Client::new();
-    let base = harness.api_url();
-    let created = http
-        .post(format!("{base}/v1/sessions"))
-        .header("authorization", format!("Bearer {api_token}"))
-        .header("content-type", "application/json")
-        .body(
-            json!({"mcpServers": [{"serverKey": "ev", "connectionOrigin": "environment",
-                "transport": {"type": "stdio", "command": command}}]})
-            .to_string(),
+    let local = Local::start(|_| {}).await?;
+    let session = local
+        .session(
+            &json!({"mcpServers": [{"serverKey": "ev", "connectionOrigin": "environment",
+            "transport": {"type": "stdio", "command": command}}]}),
         )
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    if !created.status().is_success() {
-        return Err(format!("create session: HTTP {}", created.status()));
-    }
-    let created: Value = serde_json::from_slice(&created.bytes().await.map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    let session = created["sessionId"]
-        .as_str()
-        .ok_or("no sessionId")?
-        .to_owned();
+        .await?;
     let mut proxied = Proxied {
-        http,
-        url: format!("{base}/v1/sessions/{session}/mcp/ev"),
-        token: api_token,
+        http: local.http.clone(),
+        url: local.url(&format!("/v1/sessions/{session}/mcp/ev")),
+        auth: local.auth(),
         session: String::new(),
     };
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -385,8 +347,7 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             throughput_ratio: ds.per_s / ps.per_s,
         });
     }
-    executor.shutdown().await;
-    harness.shutdown().await;
+    local.shutdown().await;
     if let Ok(d) = Arc::try_unwrap(direct) {
         let mut child = d.child;
         let _ = child.kill().await;

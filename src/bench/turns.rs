@@ -12,10 +12,8 @@
 //!
 //! The figure is chunks per second end to end; the ratio is through/direct.
 
+use super::local::Local;
 use bmx::executor::mcp::sse::SseReader;
-use bmx::executor::{Executor, ExecutorConfig, TokenSource};
-use bmx::harness::Harness;
-use bmx::wire::Endpoint;
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -132,53 +130,18 @@ async fn direct(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
 }
 
 async fn through(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
-    let api_token = format!("bench-{}", uuid::Uuid::new_v4().simple());
-    let harness = Harness::builder()
-        .listen("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
-        .token("bench", "bench-token")
-        .api_token(Some(api_token.clone()))
-        .build()
-        .await
-        .map_err(|e| format!("harness: {e}"))?;
-    let work = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut config = ExecutorConfig::new(
-        Endpoint::parse(&harness.executor_url()).map_err(|e| e.to_string())?,
-        TokenSource::Static("bench-token".into()),
-    );
-    config.work_root = work.path().to_owned();
-    config.agents = vec![(
-        "test".into(),
-        vec!["node".into(), agent.to_string_lossy().into_owned()],
-    )];
-    let executor = Executor::start(config).await.map_err(|e| e.to_string())?;
-    if !harness
-        .wait_for_executor(Some("bench"), Duration::from_secs(10))
-        .await
-    {
-        return Err("the executor did not register".into());
-    }
-    let http = reqwest::Client::new();
-    let base = harness.api_url();
-    let auth = format!("Bearer {api_token}");
-    let post = |path: String, body: Value| {
-        http.post(format!("{base}{path}"))
-            .header("authorization", &auth)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-    };
-    let created = post("/v1/sessions".into(), json!({}))
-        .await
-        .map_err(|e| e.to_string())?;
-    let created: Value = serde_json::from_slice(&created.bytes().await.map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    let session = created["sessionId"]
-        .as_str()
-        .ok_or("no sessionId")?
-        .to_owned();
-    let events = http
-        .get(format!("{base}/v1/sessions/{session}/events?after=0"))
-        .header("authorization", &auth)
+    let local = Local::start(|config| {
+        config.agents = vec![(
+            "test".into(),
+            vec!["node".into(), agent.to_string_lossy().into_owned()],
+        )];
+    })
+    .await?;
+    let session = local.session(&json!({})).await?;
+    let events = local
+        .http
+        .get(local.url(&format!("/v1/sessions/{session}/events?after=0")))
+        .header("authorization", local.auth())
         .header("accept", "text/event-stream")
         .send()
         .await
@@ -187,15 +150,12 @@ async fn through(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
         return Err(format!("events: HTTP {}", events.status()));
     }
     let t = Instant::now();
-    let started = post(
-        format!("/v1/sessions/{session}/turns"),
-        json!({"input": format!("many {chunks}")}),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    if !started.status().is_success() {
-        return Err(format!("turn: HTTP {}", started.status()));
-    }
+    local
+        .post(
+            &format!("/v1/sessions/{session}/turns"),
+            &json!({"input": format!("many {chunks}")}),
+        )
+        .await?;
     let mut reader = SseReader::new(16 << 20);
     let mut stream = events.bytes_stream();
     let mut deltas = 0u64;
@@ -217,8 +177,7 @@ async fn through(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
         }
     }
     let elapsed = t.elapsed();
-    executor.shutdown().await;
-    harness.shutdown().await;
+    local.shutdown().await;
     if deltas != chunks {
         return Err(format!("through: {deltas} deltas of {chunks} chunks"));
     }

@@ -426,10 +426,14 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
     let err = tokio::spawn(pump(client.clone(), base.clone(), "stderr"));
     let both = async { (out.await, err.await) };
     tokio::pin!(both);
+    // One listener while the command runs: a Ctrl-C landing during the
+    // interrupt request is kept for the next pass, not lost.
+    let mut interrupts =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
     let (out, err) = loop {
         tokio::select! {
             r = &mut both => break r,
-            _ = tokio::signal::ctrl_c() => {
+            Some(()) = async { match interrupts.as_mut() { Some(s) => s.recv().await, None => std::future::pending().await } } => {
                 // Pass Ctrl-C on to the command; keep streaming until it ends.
                 let _ = client.post(&format!("{base}/interrupt"), &json!({})).await;
             }

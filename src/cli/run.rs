@@ -467,6 +467,16 @@ pub async fn run(args: RunArgs) -> ExitCode {
 }
 
 async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
+    // One listener for the whole turn: a fresh `ctrl_c()` per loop pass
+    // would miss a Ctrl-C that lands while an event is being handled.
+    let mut interrupts =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("bmx run: cannot listen for Ctrl-C: {e}");
+                return 1;
+            }
+        };
     let turn_id = format!("turn-{}", uuid::Uuid::new_v4().simple());
     let (tx, mut rx) = mpsc::channel(1024);
     // Follow the stream first: nothing of the turn can be missed.
@@ -504,7 +514,7 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
     loop {
         let feed = tokio::select! {
             f = rx.recv() => f,
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupts.recv() => {
                 if canceling {
                     eprintln!("bmx run: interrupted");
                     return 130;
@@ -535,32 +545,28 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
             Some(Feed::Lost(why)) => why,
             None => "the stream closed".to_owned(),
         };
+        reconnects += 1;
+        if reconnects > 10 {
+            eprintln!("bmx run: lost the event stream: {why}");
+            return 1;
+        }
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(reconnects))).await;
+        if let Err(e) = ctx.connect(turn.last, tx.clone()).await {
+            eprintln!("bmx run: reconnecting: {e}");
+        }
+        // Questions asked while the stream was away.
+        if let Ok((200, v)) = ctx
+            .client
+            .get(&format!("{}/interactions", ctx.session_path()))
+            .await
         {
-            {
-                reconnects += 1;
-                if reconnects > 10 {
-                    eprintln!("bmx run: lost the event stream: {why}");
-                    return 1;
-                }
-                tokio::time::sleep(Duration::from_millis(200 * u64::from(reconnects))).await;
-                if let Err(e) = ctx.connect(turn.last, tx.clone()).await {
-                    eprintln!("bmx run: reconnecting: {e}");
-                }
-                // Questions asked while the stream was away.
-                if let Ok((200, v)) = ctx
-                    .client
-                    .get(&format!("{}/interactions", ctx.session_path()))
-                    .await
+            for i in v["interactions"].as_array().into_iter().flatten() {
+                let id = i["interactionId"].as_str().unwrap_or_default().to_owned();
+                if i["turnId"].as_str() == Some(turn_id.as_str())
+                    && i["state"] == "pending"
+                    && turn.asked.insert(id)
                 {
-                    for i in v["interactions"].as_array().into_iter().flatten() {
-                        let id = i["interactionId"].as_str().unwrap_or_default().to_owned();
-                        if i["turnId"].as_str() == Some(turn_id.as_str())
-                            && i["state"] == "pending"
-                            && turn.asked.insert(id)
-                        {
-                            answer(ctx, i, fixed.clone());
-                        }
-                    }
+                    answer(ctx, i, fixed.clone());
                 }
             }
         }

@@ -74,8 +74,9 @@ pub struct ExecutorConfig {
     pub terminal_close_grace: Duration,
     /// MCP servers one session may run (`mcp.maxServers`).
     pub mcp_max_servers: u32,
-    /// Time an MCP server has to answer `initialize`.
-    pub mcp_init_timeout: Duration,
+    /// Time an MCP server or an ACP agent has to answer `initialize`, and
+    /// a turn to get its agent session.
+    pub init_timeout: Duration,
     /// Restart budget of an MCP server when `session.assign` names none.
     pub mcp_restart_budget: crate::supervisor::Intensity,
     /// Named ACP agents, `(name, argv)`; the first is the default. Empty:
@@ -113,7 +114,7 @@ impl ExecutorConfig {
             terminal_window_bytes: 256 << 10,
             terminal_close_grace: Duration::from_secs(2),
             mcp_max_servers: 16,
-            mcp_init_timeout: Duration::from_secs(30),
+            init_timeout: Duration::from_secs(30),
             mcp_restart_budget: crate::supervisor::Intensity {
                 max_restarts: 3,
                 period: Duration::from_secs(60),

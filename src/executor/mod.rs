@@ -17,6 +17,7 @@ pub mod config;
 pub mod mcp;
 pub mod outbox;
 pub mod runtime;
+pub mod stdio_peer;
 pub mod stop;
 
 pub use config::{ExecutorConfig, TokenSource};

@@ -52,8 +52,6 @@ struct Wire<'a> {
     #[serde(borrow, default)]
     method: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    params: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     result: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
@@ -63,9 +61,6 @@ struct Wire<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
     pub kind: Kind,
-    /// `params` as JSON text, when there are any (read only for the few
-    /// methods the relay acts on).
-    pub params: Option<String>,
     pub is_error: bool,
 }
 
@@ -122,7 +117,6 @@ pub fn parse(payload: &str) -> Result<Envelope, McpError> {
     };
     Ok(Envelope {
         kind,
-        params: wire.params.map(|p| p.get().to_owned()),
         is_error: wire.error.is_some(),
     })
 }

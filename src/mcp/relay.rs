@@ -11,32 +11,29 @@
 //!
 //! Every client request is kept in flight until its answer passes through,
 //! so nothing is ever left unanswered: a crash answers each with -32603
-//! "server restarted", a deadline with -32001. The relay answers the
+//! "server restarted" (a request's deadline is the transport's or the
+//! harness's, not the relay's). The relay answers the
 //! server's own requests (`ping`; anything else is refused: bmx offers
 //! servers no sampling, roots or elicitation).
 
 use super::message::{self, code, Envelope, Kind};
-use std::collections::HashMap;
-use std::time::Duration;
+use std::collections::HashSet;
 
 /// Ids the executor uses for its own requests to the server.
 pub const OWN_PREFIX: &str = "bmx:";
-const INIT_ID: &str = "\"bmx:init\"";
+/// The id of the executor's own `initialize`, as JSON text.
+pub const INIT_ID: &str = "\"bmx:init\"";
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Requests in flight at once; more are refused (not queued).
     pub max_in_flight: usize,
-    /// A request unanswered this long gets a timeout error (`None`: the
-    /// harness's own deadline is the only one).
-    pub request_timeout: Option<Duration>,
 }
 
 impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             max_in_flight: 1024,
-            request_timeout: None,
         }
     }
 }
@@ -46,6 +43,10 @@ impl Default for RelayConfig {
 pub enum Out {
     /// Write this message to the server.
     ToServer(String),
+    /// Write this client request (now in flight, id as JSON text) to the
+    /// server; a transport that cannot take it hands the id back to
+    /// [`Relay::undeliverable`].
+    Request { id: String, message: String },
     /// Send this answer to the harness (`mcp.frame`).
     ToClient(String),
     /// Send this server notification to the harness, if its channel is open.
@@ -65,17 +66,13 @@ enum Phase {
     Closed,
 }
 
-struct InFlight {
-    method: String,
-    since: Duration,
-}
-
 pub struct Relay {
     config: RelayConfig,
     phase: Phase,
     /// The server's `initialize` result, as JSON text.
     init: Option<String>,
-    in_flight: HashMap<String, InFlight>,
+    /// Ids (JSON text) of the client requests the server has not answered.
+    in_flight: HashSet<String>,
 }
 
 impl Relay {
@@ -84,7 +81,7 @@ impl Relay {
             config,
             phase: Phase::Initializing,
             init: None,
-            in_flight: HashMap::new(),
+            in_flight: HashSet::new(),
         }
     }
 
@@ -118,7 +115,7 @@ impl Relay {
     }
 
     /// A message from the harness.
-    pub fn from_client(&mut self, payload: &str, now: Duration) -> Vec<Out> {
+    pub fn from_client(&mut self, payload: &str) -> Vec<Out> {
         let env = match message::parse(payload) {
             Ok(env) => env,
             Err(e) => return vec![Out::ToClient(e.response())],
@@ -161,7 +158,7 @@ impl Relay {
                     let result = self.init.as_deref().unwrap_or("{}");
                     return vec![Out::ToClient(message::result_response(&id, result))];
                 }
-                if self.in_flight.contains_key(&id) {
+                if self.in_flight.contains(&id) {
                     return error(
                         &id,
                         code::INVALID_REQUEST,
@@ -177,8 +174,11 @@ impl Relay {
                         "busy",
                     );
                 }
-                self.in_flight.insert(id, InFlight { method, since: now });
-                vec![Out::ToServer(payload.to_owned())]
+                self.in_flight.insert(id.clone());
+                vec![Out::Request {
+                    id,
+                    message: payload.to_owned(),
+                }]
             }
             Kind::Notification { method } => {
                 if method == "notifications/initialized" {
@@ -187,10 +187,8 @@ impl Relay {
                 if self.phase != Phase::Ready {
                     return vec![Out::Dropped("notification while the server is not ready")];
                 }
-                if method == "notifications/cancelled" {
-                    // The server may still answer; the answer passes through
-                    // as usual. Until then the request stays in flight.
-                }
+                // `notifications/cancelled` too: the server may still answer,
+                // and the request stays in flight until it does.
                 vec![Out::ToServer(payload.to_owned())]
             }
             Kind::Response { .. } => {
@@ -209,7 +207,7 @@ impl Relay {
         match env.kind {
             Kind::Response { id } if id == INIT_ID => self.initialized(payload, env.is_error),
             Kind::Response { id } => {
-                if self.in_flight.remove(&id).is_some() {
+                if self.in_flight.remove(&id) {
                     vec![Out::ToClient(payload.to_owned())]
                 } else if id.starts_with(&format!("\"{OWN_PREFIX}")) {
                     vec![Out::Dropped("answer to an own request")]
@@ -275,7 +273,7 @@ impl Relay {
     /// The server is gone: answer everything in flight.
     pub fn crashed(&mut self, message: &str, reason: &str) -> Vec<Out> {
         self.phase = Phase::Closed;
-        let mut ids: Vec<String> = self.in_flight.drain().map(|(id, _)| id).collect();
+        let mut ids: Vec<String> = self.in_flight.drain().collect();
         ids.sort();
         ids.into_iter()
             .map(|id| {
@@ -289,28 +287,23 @@ impl Relay {
             .collect()
     }
 
-    /// A request the transport could not take (a full or closed stdin):
-    /// answer it now.
-    pub fn undeliverable(&mut self, payload: &str, why: &str) -> Vec<Out> {
-        match message::parse(payload).map(|e| e.kind) {
-            Ok(Kind::Request { id, .. }) => {
-                self.in_flight.remove(&id);
-                vec![Out::ToClient(message::error_response(
-                    &id,
-                    code::INTERNAL_ERROR,
-                    why,
-                    "busy",
-                ))]
-            }
-            _ => vec![Out::Dropped("undeliverable message to the server")],
-        }
+    /// A request ([`Out::Request`]) the transport could not take (a full
+    /// or closed stdin): answer it now.
+    pub fn undeliverable(&mut self, id: &str, why: &str) -> Vec<Out> {
+        self.in_flight.remove(id);
+        vec![Out::ToClient(message::error_response(
+            id,
+            code::INTERNAL_ERROR,
+            why,
+            "busy",
+        ))]
     }
 
     /// The server sent a message too large to relay; answer its request
     /// (if it was one we know) with an error instead.
     pub fn oversized(&mut self, id: Option<&str>, limit: usize) -> Vec<Out> {
         match id {
-            Some(id) if self.in_flight.remove(id).is_some() => {
+            Some(id) if self.in_flight.remove(id) => {
                 vec![Out::ToClient(message::error_response(
                     id,
                     code::INTERNAL_ERROR,
@@ -320,37 +313,6 @@ impl Relay {
             }
             _ => vec![Out::Dropped("oversized message from the server")],
         }
-    }
-
-    /// Requests past their deadline get a timeout error.
-    pub fn expire(&mut self, now: Duration) -> Vec<Out> {
-        let Some(limit) = self.config.request_timeout else {
-            return Vec::new();
-        };
-        let mut late: Vec<String> = self
-            .in_flight
-            .iter()
-            .filter(|(_, f)| now.saturating_sub(f.since) >= limit)
-            .map(|(id, _)| id.clone())
-            .collect();
-        late.sort();
-        late.into_iter()
-            .filter_map(|id| {
-                let f = self.in_flight.remove(&id)?;
-                Some(Out::ToClient(message::error_response(
-                    &id,
-                    code::TIMEOUT,
-                    &format!("{} timed out after {} ms", f.method, limit.as_millis()),
-                    "timeout",
-                )))
-            })
-            .collect()
-    }
-
-    /// When the next request deadline falls, if any.
-    pub fn next_deadline(&self) -> Option<Duration> {
-        let limit = self.config.request_timeout?;
-        self.in_flight.values().map(|f| f.since + limit).min()
     }
 }
 
@@ -397,26 +359,20 @@ mod tests {
         // A notification before the answer (server-everything) is fine.
         let early = r#"{"method":"notifications/tools/list_changed","jsonrpc":"2.0"}"#;
         assert!(matches!(r.from_server(early)[..], [Out::Dropped(_)]));
-        let (_, code, reason) = error_of(&r.from_client(&req("1"), Duration::ZERO)[0]);
+        let (_, code, reason) = error_of(&r.from_client(&req("1"))[0]);
         assert_eq!(
             (code, reason.as_str()),
             (code::INTERNAL_ERROR, "server_starting")
         );
         let out = r.from_server(INIT_OK);
         assert!(matches!(&out[0], Out::ToServer(s) if s.contains("notifications/initialized")));
-        let out = r.from_client(
-            r#"{"jsonrpc":"2.0","id":7,"method":"initialize","params":{}}"#,
-            Duration::ZERO,
-        );
+        let out = r.from_client(r#"{"jsonrpc":"2.0","id":7,"method":"initialize","params":{}}"#);
         let Out::ToClient(s) = &out[0] else { panic!() };
         let v: serde_json::Value = serde_json::from_str(s).unwrap();
         assert_eq!(v["id"], 7);
         assert_eq!(v["result"]["serverInfo"]["name"], "s");
         let again = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
-        assert!(matches!(
-            r.from_client(again, Duration::ZERO)[..],
-            [Out::Dropped(_)]
-        ));
+        assert!(matches!(r.from_client(again)[..], [Out::Dropped(_)]));
     }
 
     #[test]
@@ -433,27 +389,18 @@ mod tests {
 
     #[test]
     fn reserved_duplicate_and_excess_ids_are_refused() {
-        let mut r = Relay::new(RelayConfig {
-            max_in_flight: 1,
-            request_timeout: None,
-        });
+        let mut r = Relay::new(RelayConfig { max_in_flight: 1 });
         r.from_server(INIT_OK);
         assert_eq!(
-            error_of(&r.from_client(&req("\"bmx:x\""), Duration::ZERO)[0]).2,
+            error_of(&r.from_client(&req("\"bmx:x\""))[0]).2,
             "reserved_id"
         );
         assert!(matches!(
-            r.from_client(&req("1"), Duration::ZERO)[..],
-            [Out::ToServer(_)]
+            r.from_client(&req("1"))[..],
+            [Out::Request { ref id, .. }] if id == "1"
         ));
-        assert_eq!(
-            error_of(&r.from_client(&req("1"), Duration::ZERO)[0]).2,
-            "duplicate_id"
-        );
-        assert_eq!(
-            error_of(&r.from_client(&req("2"), Duration::ZERO)[0]).2,
-            "busy"
-        );
+        assert_eq!(error_of(&r.from_client(&req("1"))[0]).2, "duplicate_id");
+        assert_eq!(error_of(&r.from_client(&req("2"))[0]).2, "busy");
         // "1" and 1 are different ids.
         assert_eq!(r.from_server(&answer("\"1\"")).len(), 1);
         assert_eq!(r.in_flight(), 1);
@@ -474,26 +421,17 @@ mod tests {
     }
 
     #[test]
-    fn a_deadline_answers_with_a_timeout() {
-        let mut r = Relay::new(RelayConfig {
-            max_in_flight: 8,
-            request_timeout: Some(Duration::from_secs(1)),
-        });
-        r.from_server(INIT_OK);
-        r.from_client(&req("1"), Duration::ZERO);
-        r.from_client(&req("2"), Duration::from_millis(600));
-        assert_eq!(r.next_deadline(), Some(Duration::from_secs(1)));
-        let out = r.expire(Duration::from_millis(1000));
-        assert_eq!(out.len(), 1);
+    fn a_request_the_transport_cannot_take_is_answered_at_once() {
+        let mut r = ready();
+        let out = r.from_client(&req("1"));
+        let [Out::Request { id, .. }] = &out[..] else {
+            panic!("{out:?}")
+        };
         assert_eq!(
-            error_of(&out[0]),
-            ("1".into(), code::TIMEOUT, "timeout".into())
+            error_of(&r.undeliverable(id, "stdin full")[0]),
+            ("1".into(), code::INTERNAL_ERROR, "busy".into())
         );
-        // A late answer still passes through (the harness drops it).
-        assert!(matches!(
-            r.from_server(&answer("1"))[..],
-            [Out::ToClient(_)]
-        ));
+        assert_eq!(r.in_flight(), 0);
     }
 
     #[derive(Debug, Clone)]
@@ -501,7 +439,7 @@ mod tests {
         Request,
         Answer(u8),
         Oversized(u8),
-        Expire(u16),
+        Undeliverable(u8),
         Crash,
     }
 
@@ -510,24 +448,23 @@ mod tests {
             4 => Just(Step::Request),
             3 => (0u8..16).prop_map(Step::Answer),
             1 => (0u8..16).prop_map(Step::Oversized),
-            1 => (0u16..2000).prop_map(Step::Expire),
+            1 => (0u8..16).prop_map(Step::Undeliverable),
             1 => Just(Step::Crash),
         ]
     }
 
     proptest! {
         /// Every request the relay forwards gets exactly one answer by the
-        /// end (the server's, an oversize error, a timeout or a crash
-        /// error), and a refused one gets its refusal at once.
+        /// end (the server's, an oversize error, a transport's refusal or a
+        /// crash error), and a refused one gets its refusal at once.
         #[test]
         fn every_forwarded_request_is_answered_exactly_once(steps in proptest::collection::vec(step(), 1..60)) {
-            let mut r = Relay::new(RelayConfig { max_in_flight: 8, request_timeout: Some(Duration::from_millis(500)) });
+            let mut r = Relay::new(RelayConfig { max_in_flight: 8 });
             r.from_server(INIT_OK);
-            let mut now = Duration::ZERO;
             let mut open: std::collections::HashSet<String> = Default::default();
-            let mut answers: HashMap<String, usize> = HashMap::new();
+            let mut answers: std::collections::HashMap<String, usize> = Default::default();
             let mut seq = 0u32;
-            let note = |outs: Vec<Out>, answers: &mut HashMap<String, usize>, open: &mut std::collections::HashSet<String>| {
+            let note = |outs: Vec<Out>, answers: &mut std::collections::HashMap<String, usize>, open: &mut std::collections::HashSet<String>| {
                 for o in outs {
                     if let Out::ToClient(s) = o {
                         let v: serde_json::Value = serde_json::from_str(&s).unwrap();
@@ -543,8 +480,8 @@ mod tests {
                     Step::Request => {
                         seq += 1;
                         let id = format!("\"r{seq}\"");
-                        let outs = r.from_client(&req(&id), now);
-                        if matches!(outs[..], [Out::ToServer(_)]) {
+                        let outs = r.from_client(&req(&id));
+                        if matches!(outs[..], [Out::Request { .. }]) {
                             open.insert(id);
                         } else {
                             prop_assert!(matches!(outs[..], [Out::ToClient(_)]));
@@ -560,13 +497,14 @@ mod tests {
                             note(r.oversized(Some(&id), 10), &mut answers, &mut open);
                         }
                     }
-                    Step::Expire(ms) => {
-                        now += Duration::from_millis(ms as u64);
-                        note(r.expire(now), &mut answers, &mut open);
+                    Step::Undeliverable(k) => {
+                        if let Some(id) = open.iter().nth(k as usize % open.len().max(1)).cloned() {
+                            note(r.undeliverable(&id, "stdin full"), &mut answers, &mut open);
+                        }
                     }
                     Step::Crash => {
                         note(r.crashed("server restarted", "server_crashed"), &mut answers, &mut open);
-                        r = { let mut n = Relay::new(RelayConfig { max_in_flight: 8, request_timeout: Some(Duration::from_millis(500)) }); n.from_server(INIT_OK); n };
+                        r = { let mut n = Relay::new(RelayConfig { max_in_flight: 8 }); n.from_server(INIT_OK); n };
                     }
                 }
                 prop_assert_eq!(r.in_flight(), open.len());

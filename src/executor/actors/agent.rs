@@ -11,14 +11,13 @@
 
 use super::turn::TurnMsg;
 use crate::acp::rpc::{Call, Client, Incoming};
-use crate::executor::mcp::stdio::{Stdio, StdioSpec};
-use crate::executor::mcp::{ServerEvent, Sink};
+use crate::executor::stdio_peer::{PeerEvent, Sink};
+use crate::executor::stdio_peer::{StdioPeer, StdioSpec};
 use crate::executor::Shared;
 use crate::process::env::Tty;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The longest line an agent may write.
 const MAX_LINE: usize = 8 << 20;
@@ -38,7 +37,7 @@ pub enum AgentMsg {
     Send(String),
     /// The turn is over: stop routing to it.
     TurnOver,
-    Agent(ServerEvent),
+    Agent(PeerEvent),
     InitTimeout,
 }
 
@@ -57,7 +56,7 @@ pub struct Agent;
 
 pub struct AgentState {
     args: AgentArgs,
-    transport: Stdio,
+    transport: StdioPeer,
     client: Client,
     initialized: bool,
     load_supported: bool,
@@ -131,7 +130,7 @@ impl Actor for Agent {
             .map(|(_, v)| v.as_str());
         let program = crate::process::sys::resolve_program(&command, path, &args.workspace)
             .unwrap_or_else(|| PathBuf::from(&command));
-        let transport = Stdio::start(
+        let transport = StdioPeer::start(
             StdioSpec {
                 program,
                 arg0: command,
@@ -166,7 +165,7 @@ impl Actor for Agent {
     ) -> Result<(), ActorProcessingErr> {
         let line = state.client.initialize();
         state.send(line)?;
-        let wait = state.args.shared.config.mcp_init_timeout;
+        let wait = state.args.shared.config.init_timeout;
         myself.send_after(wait, || AgentMsg::InitTimeout);
         Ok(())
     }
@@ -216,7 +215,7 @@ impl Actor for Agent {
                     return Err(why.into());
                 }
             }
-            AgentMsg::Agent(ServerEvent::Closed(why)) => {
+            AgentMsg::Agent(PeerEvent::Closed(why)) => {
                 let tail = state.transport.stderr_tail();
                 let last = tail
                     .lines()
@@ -228,10 +227,10 @@ impl Actor for Agent {
                 state.tell(TurnMsg::AgentGone(why.clone()));
                 return Err(why.into());
             }
-            AgentMsg::Agent(ServerEvent::Oversized(_)) => {
+            AgentMsg::Agent(PeerEvent::Oversized(_)) => {
                 tracing::warn!(session = %state.args.session_id, "agent wrote a line over {MAX_LINE} bytes");
             }
-            AgentMsg::Agent(ServerEvent::Message(line)) => match state.client.on_line(&line) {
+            AgentMsg::Agent(PeerEvent::Message(line)) => match state.client.on_line(&line) {
                 Incoming::Answer { call, result } => match (call, result) {
                     (Call::Initialize, Ok(r)) => {
                         state.initialized = true;
@@ -290,6 +289,3 @@ impl Actor for Agent {
         Ok(())
     }
 }
-
-/// Give up on an agent that stopped answering: the turn's deadline.
-pub const CANCEL_GRACE: Duration = Duration::from_secs(10);

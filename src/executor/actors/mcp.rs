@@ -16,8 +16,8 @@
 
 use super::session::SessionMsg;
 use crate::executor::mcp::launch::Launch;
-use crate::executor::mcp::stdio::{Stdio, StdioSpec};
-use crate::executor::mcp::{http::Http, ServerEvent, Sink, Transport};
+use crate::executor::mcp::{http::Http, Transport};
+use crate::executor::stdio_peer::{PeerEvent, Sink, StdioPeer, StdioSpec};
 use crate::executor::Shared;
 use crate::mcp::{Out, Relay, RelayConfig};
 use crate::wire::request::McpRequest;
@@ -26,16 +26,15 @@ use crate::wire::{ErrorCode, Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `mcp.open`s waiting for a starting server.
 const MAX_WAITING_OPENS: usize = 64;
 
 pub enum McpMsg {
     Request(McpRequest, Option<Responder>),
-    Server(ServerEvent),
+    Server(PeerEvent),
     InitTimeout,
-    Expire,
     /// The connection is gone: the harness opens the channel again.
     Disconnected,
 }
@@ -74,8 +73,6 @@ pub struct McpState {
     relay: Relay,
     transport: Transport,
     opens: Vec<Responder>,
-    origin: Instant,
-    expiring: bool,
     /// Set once the actor is on its way out (reported, in-flight answered).
     ended: bool,
 }
@@ -110,14 +107,18 @@ impl McpState {
 
     /// Carry out what the relay decided. `Err`: the server failed its
     /// `initialize` (the caller ends the actor).
-    fn apply(&mut self, myself: &ActorRef<McpMsg>, outs: Vec<Out>) -> Result<(), String> {
+    fn apply(&mut self, outs: Vec<Out>) -> Result<(), String> {
         for out in outs {
             match out {
                 Out::ToServer(msg) => {
-                    let request = request_id(&msg);
-                    if let Err(why) = self.transport.send(msg.clone(), request) {
-                        let more = self.relay.undeliverable(&msg, &why);
-                        self.apply(myself, more)?;
+                    if let Err(why) = self.transport.send(msg, None) {
+                        tracing::debug!(server = %self.args.key, error = %why, "mcp message to the server dropped");
+                    }
+                }
+                Out::Request { id, message } => {
+                    if let Err(why) = self.transport.send(message, Some(id.clone())) {
+                        let more = self.relay.undeliverable(&id, &why);
+                        self.apply(more)?;
                     }
                 }
                 Out::ToClient(msg) => self.to_client(msg),
@@ -133,7 +134,6 @@ impl McpState {
                 }
             }
         }
-        self.arm_expiry(myself);
         Ok(())
     }
 
@@ -158,23 +158,12 @@ impl McpState {
         }
     }
 
-    fn arm_expiry(&mut self, myself: &ActorRef<McpMsg>) {
-        if self.expiring {
-            return;
-        }
-        if let Some(at) = self.relay.next_deadline() {
-            self.expiring = true;
-            let wait = at.saturating_sub(self.origin.elapsed());
-            myself.send_after(wait, || McpMsg::Expire);
-        }
-    }
-
     /// The server is gone: answer everything in flight, refuse waiting
     /// opens.
-    fn gone(&mut self, myself: &ActorRef<McpMsg>, message: &str, reason: &str) {
+    fn gone(&mut self, message: &str, reason: &str) {
         self.ended = true;
         let outs = self.relay.crashed(message, reason);
-        let _ = self.apply(myself, outs);
+        let _ = self.apply(outs);
         for open in self.opens.drain(..) {
             open.err(unavailable(reason, message));
         }
@@ -183,9 +172,9 @@ impl McpState {
     /// The first start failed (or the server cannot run): unavailable, no
     /// restart.
     fn give_up(&mut self, myself: &ActorRef<McpMsg>, why: String) {
-        let why = crate::executor::mcp::redact(&why, &self.args.secrets);
+        let why = crate::executor::stdio_peer::redact(&why, &self.args.secrets);
         tracing::warn!(session = %self.args.session_id, server = %self.args.key, error = %why, "mcp server failed to start");
-        self.gone(myself, "server unavailable", "unavailable");
+        self.gone("server unavailable", "unavailable");
         self.report(
             McpServerState::Unavailable,
             Some("initialize_failed"),
@@ -204,14 +193,6 @@ pub fn unavailable(reason: &str, message: &str) -> RpcError {
     RpcError::new(ErrorCode::McpUnavailable, message.to_owned()).with_reason(reason.to_owned())
 }
 
-/// The id of a request (JSON text), read from the envelope.
-fn request_id(msg: &str) -> Option<String> {
-    match crate::mcp::message::parse(msg).map(|e| e.kind) {
-        Ok(crate::mcp::Kind::Request { id, .. }) => Some(id),
-        _ => None,
-    }
-}
-
 impl Actor for McpServer {
     type Msg = McpMsg;
     type State = McpState;
@@ -228,7 +209,7 @@ impl Actor for McpServer {
             let _ = me.send_message(McpMsg::Server(ev));
         });
         let label = format!("{}/{}", args.session_id, args.key);
-        let (transport, request_timeout) = match &*args.launch {
+        let transport = match &*args.launch {
             Launch::Stdio {
                 program,
                 arg0,
@@ -236,7 +217,7 @@ impl Actor for McpServer {
                 cwd,
                 env,
             } => {
-                let stdio = Stdio::start(
+                let stdio = StdioPeer::start(
                     StdioSpec {
                         program: program.clone(),
                         arg0: arg0.clone(),
@@ -251,23 +232,17 @@ impl Actor for McpServer {
                     sink,
                 )
                 .map_err(|e| format!("spawn_failed: {}: {e}", program.display()))?;
-                (Transport::Stdio(stdio), None)
+                Transport::Stdio(stdio)
             }
+            // The transport answers a request past `timeoutMs` itself.
             Launch::Http { url, timeout } => {
-                let http = Http::new(url.clone(), *timeout, args.max_message, sink)?;
-                // The transport answers a request past timeoutMs itself.
-                (Transport::Http(http), None)
+                Transport::Http(Http::new(url.clone(), *timeout, args.max_message, sink)?)
             }
         };
         Ok(McpState {
-            relay: Relay::new(RelayConfig {
-                request_timeout,
-                ..RelayConfig::default()
-            }),
+            relay: Relay::new(RelayConfig::default()),
             transport,
             opens: Vec::new(),
-            origin: Instant::now(),
-            expiring: false,
             ended: false,
             args,
         })
@@ -286,7 +261,10 @@ impl Actor for McpServer {
         tracing::debug!(session = %a.session_id, server = %a.key, pid = ?state.transport.pid(), "mcp server started");
         state.report(McpServerState::Starting, None, None);
         let init = state.relay.initialize();
-        if let Err(why) = state.transport.send(init, Some("\"bmx:init\"".into())) {
+        if let Err(why) = state
+            .transport
+            .send(init, Some(crate::mcp::relay::INIT_ID.into()))
+        {
             return Err(why.into());
         }
         myself.send_after(state.args.init_timeout, || McpMsg::InitTimeout);
@@ -305,7 +283,7 @@ impl Actor for McpServer {
             .remove_if(&key, |_, v| v.get_id() == myself.get_id());
         if !state.ended {
             // Stopped by the session (it ends): nothing in flight is lost.
-            state.gone(&myself, "session ended", "session_ended");
+            state.gone("session ended", "session_ended");
         }
         state.transport.shutdown().await;
         Ok(())
@@ -324,7 +302,6 @@ impl Actor for McpServer {
             }
             return Ok(());
         }
-        let now = state.origin.elapsed();
         let result = match msg {
             McpMsg::Request(McpRequest::McpOpen(_), reply) => {
                 let Some(reply) = reply else { return Ok(()) };
@@ -346,28 +323,28 @@ impl Actor for McpServer {
                 Ok(())
             }
             McpMsg::Request(McpRequest::McpFrame(p), reply) => {
-                let outs = state.relay.from_client(&p.payload, now);
+                let outs = state.relay.from_client(&p.payload);
                 if let Some(r) = reply {
                     r.ok(&Accepted::YES);
                 }
-                state.apply(&myself, outs)
+                state.apply(outs)
             }
-            McpMsg::Server(ServerEvent::Message(m)) => {
+            McpMsg::Server(PeerEvent::Message(m)) => {
                 let outs = state.relay.from_server(&m);
-                state.apply(&myself, outs)
+                state.apply(outs)
             }
-            McpMsg::Server(ServerEvent::Oversized(id)) => {
+            McpMsg::Server(PeerEvent::Oversized(id)) => {
                 tracing::warn!(server = %state.args.key, "mcp server sent a message over the frame limit");
                 let outs = state.relay.oversized(id.as_deref(), state.args.max_message);
-                state.apply(&myself, outs)
+                state.apply(outs)
             }
-            McpMsg::Server(ServerEvent::Closed(why)) => {
+            McpMsg::Server(PeerEvent::Closed(why)) => {
                 if state.first() && !state.relay.is_ready() {
                     Err(why)
                 } else {
-                    let why = crate::executor::mcp::redact(&why, &state.args.secrets);
+                    let why = crate::executor::stdio_peer::redact(&why, &state.args.secrets);
                     tracing::warn!(session = %state.args.session_id, server = %state.args.key, error = %why, "mcp server crashed");
-                    state.gone(&myself, "server restarted", "server_crashed");
+                    state.gone("server restarted", "server_crashed");
                     // Abnormal: the session's supervisor rules restart it.
                     return Err(format!("mcp server crashed: {why}").into());
                 }
@@ -381,11 +358,6 @@ impl Actor for McpServer {
                         state.args.init_timeout.as_millis()
                     ))
                 }
-            }
-            McpMsg::Expire => {
-                state.expiring = false;
-                let outs = state.relay.expire(now);
-                state.apply(&myself, outs)
             }
             McpMsg::Disconnected => {
                 state.args.open.store(false, Ordering::Relaxed);
@@ -403,7 +375,7 @@ impl Actor for McpServer {
             } else {
                 // A restarted server that cannot initialize again: a crash,
                 // which spends the budget.
-                state.gone(&myself, "server restarted", "server_crashed");
+                state.gone("server restarted", "server_crashed");
                 return Err(why.into());
             }
         }

@@ -495,29 +495,26 @@ impl SessionState {
     /// `mcp.*` the router could not hand to a live server actor.
     fn mcp_refused(&self, request: McpRequest, reply: Option<Responder>) {
         let key = request.server_key().to_owned();
+        // The reason of an unavailable server is why it is unavailable.
         let (reason, message, retryable) = match self.mcp.get(&key).map(|e| &e.status) {
             None => (
-                "unknown_server",
+                "unknown_server".to_owned(),
                 format!("no MCP server {key:?} in this session"),
                 false,
             ),
-            Some(s) if s.state == McpServerState::Unavailable => (
-                "unavailable",
-                format!(
-                    "MCP server {key:?} is unavailable ({})",
-                    s.reason.as_deref().unwrap_or("failed")
-                ),
-                false,
-            ),
+            Some(s) if s.state == McpServerState::Unavailable => {
+                let why = s.reason.as_deref().unwrap_or("unavailable");
+                (
+                    why.to_owned(),
+                    format!("MCP server {key:?} is unavailable ({why})"),
+                    false,
+                )
+            }
             Some(_) => (
-                "restarting",
+                "restarting".to_owned(),
                 format!("MCP server {key:?} is restarting"),
                 true,
             ),
-        };
-        let reason = match self.mcp.get(&key).and_then(|e| e.status.reason.as_deref()) {
-            Some(r) if reason == "unavailable" => r.to_owned(),
-            _ => reason.to_owned(),
         };
         match (request, reply) {
             (McpRequest::McpClose(_), Some(r)) if self.mcp.contains_key(&key) => {
@@ -654,11 +651,9 @@ impl Session {
             .budget(state.shared.config.agent_restart_budget);
         match state.children.start(spec, myself.get_cell()).await {
             Ok(cell) => {
+                // A new process resumes the old ACP session by id
+                // (`session/load`) if the agent can: see the turn's `resume`.
                 state.agent = Some(name.to_owned());
-                if state.acp_session.is_some() {
-                    // A new process: the old ACP session is resumed by id
-                    // (session/load) if the agent can.
-                }
                 Ok(cell.into())
             }
             Err(e) => Err(RpcError::internal(format!("agent {name:?}: {e}"))),
@@ -674,9 +669,8 @@ impl Session {
     ) {
         match request {
             TurnRequest::TurnStart(p) => {
-                if let Some(&done) = state.turns.get(&p.turn_id) {
+                if state.turns.contains_key(&p.turn_id) {
                     // Idempotent by turnId.
-                    let _ = done;
                     return reply.ok(&TurnStartResult {
                         accepted: true,
                         turn_id: p.turn_id,
@@ -839,7 +833,7 @@ impl Session {
                 secrets: Arc::new(secrets),
                 starts: Arc::new(std::sync::atomic::AtomicU32::new(0)),
                 open,
-                init_timeout: state.shared.config.mcp_init_timeout,
+                init_timeout: state.shared.config.init_timeout,
                 max_message: state.shared.max_mcp_message(),
             };
             let child = ChildSpec::restartable(

@@ -11,7 +11,7 @@
 //! `scope: session` is remembered by the session: the same tool is not
 //! asked about again.
 
-use super::agent::{AgentMsg, CANCEL_GRACE};
+use super::agent::AgentMsg;
 use super::session::SessionMsg;
 use crate::acp::rpc::Client;
 use crate::acp::schema;
@@ -34,6 +34,8 @@ use std::time::Duration;
 const MAX_QUEUED_INPUTS: usize = 16;
 /// Permission questions open at once per turn.
 const MAX_INTERACTIONS: usize = 64;
+/// How long a canceled turn waits for the agent to stop.
+const CANCEL_GRACE: Duration = Duration::from_secs(10);
 
 pub enum TurnMsg {
     /// The agent's ACP session for this turn: `(id, resumed)`.
@@ -52,6 +54,8 @@ pub enum TurnMsg {
     Expire(String),
     /// The agent did not stop after `session/cancel` in time.
     CancelDeadline,
+    /// The agent did not give the turn a session in time.
+    SessionDeadline,
     /// `interaction.request` delivery.
     Questions(OutboxEvent<String>),
     /// The connection came back (`true`) or went (`false`).
@@ -122,6 +126,18 @@ impl TurnState {
         self.emit(emits);
         let _ = self.args.agent.send_message(AgentMsg::TurnOver);
         myself.stop(None);
+    }
+
+    /// `turn.start` fails: the agent has no session for it.
+    fn no_session(&mut self, myself: &ActorRef<TurnMsg>, why: &str) {
+        if let Some(r) = self.args.reply.take() {
+            r.err(RpcError::internal(format!(
+                "the agent has no session: {why}"
+            )));
+        }
+        let emits = self.events.error("agent_error", why);
+        self.emit(emits);
+        self.finish(myself, "end_turn", "failed");
     }
 
     fn answer_agent(&self, q: &Question, allow: bool, always: bool) {
@@ -198,6 +214,9 @@ impl Actor for Turn {
             turn: myself.clone(),
             resume: state.args.resume.clone(),
         });
+        myself.send_after(state.args.shared.config.init_timeout, || {
+            TurnMsg::SessionDeadline
+        });
         Ok(())
     }
 
@@ -240,15 +259,11 @@ impl Actor for Turn {
                     .agent
                     .send_message(AgentMsg::Prompt(state.args.prompt.clone()));
             }
-            TurnMsg::Session(Err(why)) => {
-                if let Some(r) = state.args.reply.take() {
-                    r.err(RpcError::internal(format!(
-                        "the agent has no session: {why}"
-                    )));
+            TurnMsg::Session(Err(why)) => state.no_session(&myself, &why),
+            TurnMsg::SessionDeadline => {
+                if state.args.reply.is_some() {
+                    state.no_session(&myself, "the agent did not start a session in time");
                 }
-                let emits = state.events.error("agent_error", &why);
-                state.emit(emits);
-                state.finish(&myself, "end_turn", "failed");
             }
             TurnMsg::AgentGone(why) => {
                 if let Some(r) = state.args.reply.take() {
@@ -430,6 +445,3 @@ pub fn input_text(items: &[crate::wire::types::TurnInputItem]) -> Result<String,
     }
     Ok(text)
 }
-
-/// How long a canceled turn waits for the agent to stop.
-pub const CANCEL_WAIT: Duration = CANCEL_GRACE;

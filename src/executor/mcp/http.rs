@@ -12,7 +12,7 @@
 //! internal error; all of them are answered, none is dropped.
 
 use super::sse::SseReader;
-use super::{ServerEvent, Sink};
+use crate::executor::stdio_peer::{PeerEvent, Sink};
 use crate::mcp::message::{self, code};
 use futures_util::StreamExt;
 use std::sync::{Arc, Mutex};
@@ -70,7 +70,7 @@ impl Http {
     pub fn send(&self, msg: String, request: Option<String>) {
         let inner = self.inner.clone();
         self.spawn(async move {
-            let is_init = request.as_deref() == Some("\"bmx:init\"");
+            let is_init = request.as_deref() == Some(crate::mcp::relay::INIT_ID);
             let post = inner.post(msg, is_init);
             let outcome = match &request {
                 Some(_) => match tokio::time::timeout(inner.timeout, post).await {
@@ -85,7 +85,7 @@ impl Http {
             };
             if let Err((code, text, reason)) = outcome {
                 match request {
-                    Some(id) => (inner.sink)(ServerEvent::Message(message::error_response(
+                    Some(id) => (inner.sink)(PeerEvent::Message(message::error_response(
                         &id, code, &text, reason,
                     ))),
                     None => {
@@ -169,7 +169,7 @@ impl Inner {
             }
         }
         if status == reqwest::StatusCode::NOT_FOUND && had_session {
-            (self.sink)(ServerEvent::Closed(
+            (self.sink)(PeerEvent::Closed(
                 "the server ended its MCP session (404)".into(),
             ));
             return Err((
@@ -212,7 +212,7 @@ impl Inner {
                 )
             })?;
             if body.len() + chunk.len() > self.max {
-                (self.sink)(ServerEvent::Oversized(None));
+                (self.sink)(PeerEvent::Oversized(None));
                 return Err((
                     code::INTERNAL_ERROR,
                     format!("the server's answer is larger than {} bytes", self.max),
@@ -228,8 +228,8 @@ impl Inner {
         match serde_json::from_str::<Vec<Box<serde_json::value::RawValue>>>(&text) {
             Ok(batch) => batch
                 .into_iter()
-                .for_each(|m| (self.sink)(ServerEvent::Message(m.get().to_owned()))),
-            Err(_) => (self.sink)(ServerEvent::Message(text.into_owned())),
+                .for_each(|m| (self.sink)(PeerEvent::Message(m.get().to_owned()))),
+            Err(_) => (self.sink)(PeerEvent::Message(text.into_owned())),
         }
         Ok(())
     }
@@ -248,7 +248,7 @@ impl Inner {
             match reader.feed(&chunk) {
                 Ok(events) => events
                     .into_iter()
-                    .for_each(|e| (self.sink)(ServerEvent::Message(e))),
+                    .for_each(|e| (self.sink)(PeerEvent::Message(e))),
                 Err(_) => {
                     return Err((
                         code::INTERNAL_ERROR,

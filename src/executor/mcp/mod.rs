@@ -1,32 +1,18 @@
-//! The transports of the executor's MCP servers: a child on stdio, or a
+//! The transports of the executor's MCP servers: a child on stdio
+//! ([`crate::executor::stdio_peer`], shared with the ACP agents), or a
 //! Streamable HTTP peer. Each turns the server's output into
-//! [`ServerEvent`]s for its MCP actor ([`crate::executor::actors::mcp`]),
+//! [`stdio_peer::PeerEvent`]s for its MCP actor ([`crate::executor::actors::mcp`]),
 //! which feeds them to the sans-IO [`crate::mcp::Relay`].
 
 pub mod http;
 pub mod launch;
 pub mod sse;
-pub mod stdio;
 
-use std::sync::Arc;
-
-/// What a transport reports.
-#[derive(Debug)]
-pub enum ServerEvent {
-    /// One JSON-RPC message from the server.
-    Message(String),
-    /// A message larger than the MCP frame limit; its id when it could be read.
-    Oversized(Option<String>),
-    /// The server is gone (exited, or its HTTP session ended): why.
-    Closed(String),
-}
-
-/// Where a transport sends its events (the MCP actor's mailbox).
-pub type Sink = Arc<dyn Fn(ServerEvent) + Send + Sync>;
+use crate::executor::stdio_peer::StdioPeer;
 
 /// One running transport.
 pub enum Transport {
-    Stdio(stdio::Stdio),
+    Stdio(StdioPeer),
     Http(http::Http),
 }
 
@@ -73,15 +59,4 @@ impl Transport {
             Transport::Http(h) => h.shutdown().await,
         }
     }
-}
-
-/// Replace every secret value in `text` (stderr lines, error messages).
-pub fn redact(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_owned();
-    for s in secrets.iter().filter(|s| s.len() >= 3) {
-        if out.contains(s.as_str()) {
-            out = out.replace(s.as_str(), "<redacted>");
-        }
-    }
-    out
 }

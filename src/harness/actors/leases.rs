@@ -51,14 +51,10 @@ use crate::wire::{
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 /// Tool results kept per session to answer a repeated call with the same id.
 const RESULTS_KEPT: usize = 256;
-
-type Timer = JoinHandle<Result<(), ractor::MessagingErr<LeasesMsg>>>;
 
 pub type ToolWaiter = oneshot::Sender<Result<ToolResultParams, ApiError>>;
 type StopWaiter = oneshot::Sender<SessionInfo>;
@@ -155,7 +151,7 @@ pub enum LeasesMsg {
 pub struct LeasesState {
     shared: Arc<Shared>,
     table: LeaseTable,
-    timer: Option<(u64, Timer)>,
+    timer: super::DeadlineTimer<LeasesMsg>,
     views: SessionViews<StopWaiter>,
     tools: ToolResults<ToolWaiter, ToolResultParams>,
 }
@@ -203,9 +199,7 @@ impl Actor for Leases {
         _myself: ActorRef<LeasesMsg>,
         state: &mut LeasesState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some((_, t)) = state.timer.take() {
-            t.abort();
-        }
+        state.timer.cancel();
         Ok(())
     }
 }
@@ -290,7 +284,7 @@ impl LeasesState {
         let mut state = LeasesState {
             shared,
             table,
-            timer: None,
+            timer: Default::default(),
             views,
             tools: ToolResults::new(RESULTS_KEPT),
         };
@@ -362,20 +356,9 @@ impl LeasesState {
     /// Arm the timer for the table's next deadline, unless an earlier one is
     /// already armed (a tick that finds nothing due just re-arms).
     fn rearm(&mut self, myself: &ActorRef<LeasesMsg>) {
-        let Some(deadline) = self.table.next_deadline() else {
-            return;
-        };
-        if let Some((armed, handle)) = &self.timer {
-            if *armed <= deadline && !handle.is_finished() {
-                return;
-            }
-        }
-        if let Some((_, handle)) = self.timer.take() {
-            handle.abort();
-        }
-        let wait = deadline.saturating_sub(self.now());
-        let handle = myself.send_after(Duration::from_millis(wait + 1), || LeasesMsg::Tick);
-        self.timer = Some((deadline, handle));
+        let now = self.now();
+        self.timer
+            .arm(myself, self.table.next_deadline(), now, || LeasesMsg::Tick);
     }
 
     fn handle(&mut self, msg: LeasesMsg) {

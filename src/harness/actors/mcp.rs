@@ -24,6 +24,7 @@
 //! messages may hold secrets.
 
 use super::leases::{LeasesMsg, Route};
+use super::{alive, get_or_start};
 use crate::harness::api::mcp::{McpToolInfo, McpToolsView};
 use crate::harness::api::sessions::ask;
 use crate::harness::error::ApiError;
@@ -33,26 +34,23 @@ use crate::harness::mcp_proxy::{
 use crate::harness::runtime::Shared;
 use crate::harness::types::SessionState;
 use crate::lease::ConnId;
-use crate::supervisor::{start_actor, ChildSpec, StartChildError};
+use crate::supervisor::ChildSpec;
 use crate::wire::types::{
     now_rfc3339, McpCloseParams, McpFrameParams, McpOpenParams, McpOpenResult, McpServerState,
     McpServerStatus,
 };
 use crate::wire::{CallError, ErrorCode, Link, Method, RpcError};
-use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// (session id, serverKey).
 pub type ChannelKey = (String, String);
-
-type Timer = JoinHandle<Result<(), ractor::MessagingErr<McpMsg>>>;
 
 /// Progress notifications queued for one request's SSE answer; more are
 /// dropped (the answer itself never is: it has its own slot).
@@ -211,7 +209,7 @@ pub struct McpState {
     /// Client session → its notification stream (GET).
     streams: HashMap<String, mpsc::Sender<String>>,
     tools: ToolsFetch,
-    timer: Option<(u64, Timer)>,
+    timer: super::DeadlineTimer<McpMsg>,
     retry_attempt: u32,
     retry_armed: bool,
 }
@@ -262,7 +260,7 @@ impl Actor for McpChannel {
                 dirty: true,
                 ..Default::default()
             },
-            timer: None,
+            timer: Default::default(),
             retry_attempt: 0,
             retry_armed: false,
         })
@@ -294,9 +292,7 @@ impl Actor for McpChannel {
         ));
         state.execute(&myself, outs);
         state.leave_channel();
-        if let Some((_, t)) = state.timer.take() {
-            t.abort();
-        }
+        state.timer.cancel();
         state.streams.clear();
         let id = myself.get_id();
         state
@@ -711,18 +707,7 @@ impl McpState {
             let sweep = now + STREAM_SWEEP_MS;
             next = Some(next.map_or(sweep, |n| n.min(sweep)));
         }
-        let Some(deadline) = next else { return };
-        if let Some((armed, handle)) = &self.timer {
-            if *armed <= deadline && !handle.is_finished() {
-                return;
-            }
-        }
-        if let Some((_, handle)) = self.timer.take() {
-            handle.abort();
-        }
-        let wait = deadline.saturating_sub(now);
-        let handle = myself.send_after(Duration::from_millis(wait + 1), || McpMsg::Tick);
-        self.timer = Some((deadline, handle));
+        self.timer.arm(myself, next, now, || McpMsg::Tick);
     }
 
     fn refresh_tools(&mut self, myself: &ActorRef<McpMsg>) {
@@ -947,10 +932,6 @@ async fn open(
     }
 }
 
-fn alive(a: &ActorRef<McpMsg>) -> bool {
-    !matches!(a.get_status(), ActorStatus::Stopping | ActorStatus::Stopped)
-}
-
 /// The channel actor of (session, serverKey), started if needed.
 ///
 /// # Errors
@@ -984,46 +965,32 @@ pub async fn ensure_channel(
         }
     }
     let key = (session_id.to_owned(), server_key.to_owned());
-    for _ in 0..200 {
-        if let Some(a) = shared.mcp_channels.get(&key).map(|a| a.clone()) {
-            if alive(&a) {
-                return Ok(a);
-            }
-            let id = a.get_id();
-            shared.mcp_channels.remove_if(&key, |_, x| x.get_id() == id);
+    let live = || {
+        let a = shared.mcp_channels.get(&key).map(|a| a.clone())?;
+        if alive(&a) {
+            return Some(a);
         }
-        let Some(sup) = shared.mcp() else {
-            return Err(ApiError::with_status(
-                503,
-                RpcError::internal("the harness is shutting down").with_reason("shutting_down"),
-            ));
-        };
+        let id = a.get_id();
+        shared.mcp_channels.remove_if(&key, |_, x| x.get_id() == id);
+        None
+    };
+    let spec = || {
         let args = McpArgs {
             shared: shared.clone(),
             session_id: key.0.clone(),
             server_key: key.1.clone(),
         };
         // `/` never occurs in a serverKey, so the id is unambiguous.
-        let spec = ChildSpec::temporary(format!("{session_id}/{server_key}"), McpChannel, args)
-            .shutdown_timeout(Duration::from_secs(2));
-        match start_actor::<McpMsg>(&sup, spec).await {
-            Ok(a) => return Ok(a),
-            // Another caller is starting it: its entry appears at once.
-            Err(StartChildError::AlreadyStarted(_)) => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(StartChildError::MaxChildren(n)) => {
-                return Err(ApiError::rpc(
-                    RpcError::resource_unavailable(format!(
-                        "the harness serves at most {n} MCP channels"
-                    ))
-                    .with_reason("too_many_mcp_channels"),
-                ))
-            }
-            Err(e) => return Err(ApiError::internal(e.to_string())),
-        }
-    }
-    Err(ApiError::internal("the MCP channel actor did not start"))
+        ChildSpec::temporary(format!("{session_id}/{server_key}"), McpChannel, args)
+    };
+    get_or_start(
+        live,
+        || shared.mcp(),
+        spec,
+        "MCP channels",
+        "too_many_mcp_channels",
+    )
+    .await
 }
 
 /// Route an `mcp.frame` from the executor to its channel (a notification:

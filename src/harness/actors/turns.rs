@@ -18,6 +18,7 @@
 //! streams end with `stream_closed`); the next use starts a fresh actor
 //! whose log takes the next sequence the executor sends as its start.
 
+use super::{alive, get_or_start};
 use crate::harness::error::ApiError;
 use crate::harness::events::{EventLog, Item, Offer, Replay, Sink, SubscribeError};
 use crate::harness::interactions::{
@@ -25,20 +26,16 @@ use crate::harness::interactions::{
 };
 use crate::harness::runtime::Shared;
 use crate::harness::types::{HarnessEvent, SessionState};
-use crate::supervisor::{start_actor, ChildSpec, StartChildError};
+use crate::supervisor::ChildSpec;
 use crate::wire::types::{
     now_rfc3339, Accepted, EventDeltaParams, InteractionCancelParams, InteractionOutcome,
     InteractionRequestParams, InteractionRequestResult, SessionEventParams, SessionEventResult,
 };
 use crate::wire::{ErrorCode, Responder, RpcError};
-use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
-
-type Timer = JoinHandle<Result<(), ractor::MessagingErr<TurnsMsg>>>;
 
 /// Ids from the executor longer than this are refused (-32602).
 const MAX_ID_LEN: usize = 256;
@@ -144,7 +141,7 @@ pub struct TurnsState {
     span: tracing::Span,
     log: EventLog<ChannelSink>,
     interactions: Interactions,
-    timer: Option<(u64, Timer)>,
+    timer: super::DeadlineTimer<TurnsMsg>,
 }
 
 impl Actor for SessionTurns {
@@ -185,7 +182,7 @@ impl Actor for SessionTurns {
             session_id: a.session_id,
             span,
             log,
-            timer: None,
+            timer: Default::default(),
         })
     }
 
@@ -207,9 +204,7 @@ impl Actor for SessionTurns {
         myself: ActorRef<TurnsMsg>,
         state: &mut TurnsState,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some((_, t)) = state.timer.take() {
-            t.abort();
-        }
+        state.timer.cancel();
         let id = myself.get_id();
         state
             .shared
@@ -514,25 +509,12 @@ impl TurnsState {
     }
 
     fn rearm(&mut self, myself: &ActorRef<TurnsMsg>) {
-        let Some(deadline) = self.interactions.next_deadline() else {
-            return;
-        };
-        if let Some((armed, handle)) = &self.timer {
-            if *armed <= deadline && !handle.is_finished() {
-                return;
-            }
-        }
-        if let Some((_, handle)) = self.timer.take() {
-            handle.abort();
-        }
-        let wait = deadline.saturating_sub(self.now());
-        let handle = myself.send_after(Duration::from_millis(wait + 1), || TurnsMsg::Tick);
-        self.timer = Some((deadline, handle));
+        let now = self.now();
+        self.timer
+            .arm(myself, self.interactions.next_deadline(), now, || {
+                TurnsMsg::Tick
+            });
     }
-}
-
-fn alive(a: &ActorRef<TurnsMsg>) -> bool {
-    !matches!(a.get_status(), ActorStatus::Stopping | ActorStatus::Stopped)
 }
 
 fn live_actor(shared: &Shared, session_id: &str) -> Option<ActorRef<TurnsMsg>> {
@@ -548,44 +530,22 @@ async fn start(
     session_id: &str,
     fresh: bool,
 ) -> Result<ActorRef<TurnsMsg>, ApiError> {
-    for _ in 0..200 {
-        if let Some(a) = live_actor(shared, session_id) {
-            return Ok(a);
-        }
-        let Some(sup) = shared.turns_sup() else {
-            return Err(ApiError::with_status(
-                503,
-                RpcError::internal("the harness is shutting down").with_reason("shutting_down"),
-            ));
-        };
+    let spec = || {
         let args = TurnsArgs {
             shared: shared.clone(),
             session_id: session_id.to_owned(),
             fresh,
         };
-        let spec = ChildSpec::temporary(session_id.to_owned(), SessionTurns, args)
-            .shutdown_timeout(Duration::from_secs(2));
-        match start_actor::<TurnsMsg>(&sup, spec).await {
-            Ok(a) => return Ok(a),
-            // Another caller is starting it (or its predecessor is still
-            // stopping): its entry appears shortly.
-            Err(StartChildError::AlreadyStarted(_)) => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(StartChildError::MaxChildren(n)) => {
-                return Err(ApiError::rpc(
-                    RpcError::resource_unavailable(format!(
-                        "the harness serves the agent streams of at most {n} sessions"
-                    ))
-                    .with_reason("too_many_streams"),
-                ))
-            }
-            Err(e) => return Err(ApiError::internal(e.to_string())),
-        }
-    }
-    Err(ApiError::internal(
-        "the session's stream actor did not start",
-    ))
+        ChildSpec::temporary(session_id.to_owned(), SessionTurns, args)
+    };
+    get_or_start(
+        || live_actor(shared, session_id),
+        || shared.turns_sup(),
+        spec,
+        "session agent streams",
+        "too_many_streams",
+    )
+    .await
 }
 
 /// The stream actor of a session the platform knows, started if needed.

@@ -1,4 +1,5 @@
-//! An MCP server on stdio: a child of the session, through the executor's
+//! A JSON-RPC peer on stdio (an MCP server, an ACP agent): a child of the
+//! session, through the executor's
 //! own process layer (spawned with `std` and watched by
 //! [`crate::process::exits`], its own process group, tagged with its
 //! scope so that it and everything it starts die with the session).
@@ -10,7 +11,6 @@
 //! goes to a bounded tail (for error reports) and to the debug log, with
 //! secret values redacted.
 
-use super::{redact, ServerEvent, Sink};
 use crate::process::{exits, sys};
 use nix::sys::signal::Signal;
 use std::collections::VecDeque;
@@ -22,6 +22,31 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
+
+/// What a peer's transport reports.
+#[derive(Debug)]
+pub enum PeerEvent {
+    /// One JSON-RPC message from the peer.
+    Message(String),
+    /// A message over the size limit; its id when it could be read.
+    Oversized(Option<String>),
+    /// The peer is gone (exited, or its HTTP session ended): why.
+    Closed(String),
+}
+
+/// Where a transport sends its events (its actor's mailbox).
+pub type Sink = Arc<dyn Fn(PeerEvent) + Send + Sync>;
+
+/// Replace every secret value in `text` (stderr lines, error messages).
+pub fn redact(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_owned();
+    for s in secrets.iter().filter(|s| s.len() >= 3) {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "<redacted>");
+        }
+    }
+    out
+}
 
 /// How far past the frame limit an oversized line is read to find its id.
 pub const HARD_LIMIT_FACTOR: usize = 4;
@@ -45,7 +70,7 @@ pub struct StdioSpec {
     pub label: String,
 }
 
-pub struct Stdio {
+pub struct StdioPeer {
     pid: u32,
     scope: String,
     stdin: Option<mpsc::Sender<String>>,
@@ -59,8 +84,8 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?)
 }
 
-impl Stdio {
-    pub fn start(spec: StdioSpec, sink: Sink) -> std::io::Result<Stdio> {
+impl StdioPeer {
+    pub fn start(spec: StdioSpec, sink: Sink) -> std::io::Result<StdioPeer> {
         let (in_r, in_w) = pipe()?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
@@ -123,11 +148,11 @@ impl Stdio {
                     Some(line) if !line.trim().is_empty() => format!("{why}: {}", line.trim()),
                     _ => why,
                 };
-                sink(ServerEvent::Closed(why));
+                sink(PeerEvent::Closed(why));
             })
             .abort_handle(),
         );
-        Ok(Stdio {
+        Ok(StdioPeer {
             pid,
             scope: spec.scope,
             stdin: Some(stdin_tx),
@@ -182,7 +207,7 @@ impl Stdio {
     }
 }
 
-impl Drop for Stdio {
+impl Drop for StdioPeer {
     fn drop(&mut self) {
         for t in self.tasks.drain(..) {
             t.abort();
@@ -229,8 +254,8 @@ async fn read_stdout(mut pipe: tokio::net::unix::pipe::Receiver, max: usize, sin
         }
         line.extend_from_slice(chunk);
         if line.len() > hard {
-            sink(ServerEvent::Oversized(None));
-            sink(ServerEvent::Closed(format!(
+            sink(PeerEvent::Oversized(None));
+            sink(PeerEvent::Closed(format!(
                 "the server wrote a message over {hard} bytes"
             )));
             return;
@@ -247,9 +272,9 @@ fn emit(mut line: Vec<u8>, max: usize, sink: &Sink) {
     }
     let text = String::from_utf8_lossy(&line);
     if line.len() > max {
-        sink(ServerEvent::Oversized(crate::mcp::message::id_of(&text)));
+        sink(PeerEvent::Oversized(crate::mcp::message::id_of(&text)));
     } else {
-        sink(ServerEvent::Message(text.into_owned()));
+        sink(PeerEvent::Message(text.into_owned()));
     }
 }
 
