@@ -200,14 +200,7 @@ pub fn pids_in_scope(prefix: &str) -> Vec<i32> {
     proc_pids()
         .into_iter()
         .filter(|&p| p != me)
-        .filter(|&p| {
-            proc_read(&format!("/proc/{p}/environ"))
-                .map(|env| {
-                    env.split(|&b| b == 0)
-                        .any(|var| var.starts_with(needle.as_bytes()))
-                })
-                .unwrap_or(false)
-        })
+        .filter(|&p| has_scope(p, needle.as_bytes()))
         .collect()
 }
 
@@ -322,15 +315,41 @@ fn parent_of(pid: i32) -> Option<i32> {
 }
 
 fn has_scope(pid: i32, needle: &[u8]) -> bool {
-    proc_read(&format!("/proc/{pid}/environ"))
-        .map(|env| env.split(|&b| b == 0).any(|var| var.starts_with(needle)))
-        .unwrap_or(false)
+    matches!(scope_tag(pid, needle), Tag::Ours)
+}
+
+/// What a process's environment says about its scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Ours,
+    Other,
+    /// Nothing to read: the process is between `execve`'s switch of its
+    /// memory and the set-up of the new environment (or is exiting). Read
+    /// again shortly.
+    Unsettled,
+}
+
+fn scope_tag(pid: i32, needle: &[u8]) -> Tag {
+    match proc_read(&format!("/proc/{pid}/environ")) {
+        Ok(env) if env.is_empty() => Tag::Unsettled,
+        Ok(env) if env.split(|&b| b == 0).any(|var| var.starts_with(needle)) => Tag::Ours,
+        Ok(_) => Tag::Other,
+        Err(_) => Tag::Unsettled,
+    }
 }
 
 /// Processes of `scope` that left their tree: orphans re-parented to this
 /// executor (the subreaper) that carry the tag, and their descendants. Only
 /// this process's own children are read, not every process on the host.
 pub fn orphans_in_scope(scope: &str) -> Vec<i32> {
+    adopted_in_scope(scope).0
+}
+
+/// [`orphans_in_scope`], and whether some adopted process could not be
+/// told apart yet ([`Tag::Unsettled`]): an escapee caught inside `execve`
+/// shows an empty environment for a moment, and a kill that trusted that
+/// moment would leave it running.
+fn adopted_in_scope(scope: &str) -> (Vec<i32>, bool) {
     let needle = format!("{SCOPE_ENV}={scope}");
     let me = std::process::id() as i32;
     let owned: HashSet<i32> = OWNED
@@ -350,19 +369,29 @@ pub fn orphans_in_scope(scope: &str) -> Vec<i32> {
         })
         .unwrap_or_else(|_| children_of(me));
     let mut out = Vec::new();
+    let mut unsettled = false;
     for c in adopted {
-        if owned.contains(&c) || !has_scope(c, needle.as_bytes()) {
+        if owned.contains(&c) {
             continue;
         }
-        out.push(c);
-        out.extend(descendants(c));
+        match scope_tag(c, needle.as_bytes()) {
+            Tag::Ours => {
+                out.push(c);
+                out.extend(descendants(c));
+            }
+            Tag::Unsettled if alive(c) => unsettled = true,
+            Tag::Unsettled | Tag::Other => {}
+        }
     }
-    out
+    (out, unsettled)
 }
 
 fn alive(pid: i32) -> bool {
     !matches!(stat(pid), Some((_, 'Z')) | None)
 }
+
+/// Most passes [`kill_tree`] makes (2 ms apart).
+const KILL_PASSES: usize = 50;
 
 /// SIGKILL a process tree: the group `pgid`, every descendant of `pid`, and
 /// every orphan of `scope`, repeated until nothing is left (a fork racing
@@ -372,10 +401,16 @@ pub fn kill_tree(pid: Option<i32>, pgid: Option<i32>, scope: &str) {
     if let Some(p) = pid.filter(|&p| alive(p)) {
         kill_process_tree(p as u32);
     }
-    for _ in 0..8 {
+    // Passes 2 ms apart: enough for a fork racing the kill, and for an
+    // escapee caught mid-`execve` to show its tag again; bounded, so a
+    // process that never settles cannot hold the kill.
+    for _ in 0..KILL_PASSES {
         let mut targets: Vec<i32> = pid.map(descendants).unwrap_or_default();
+        let mut unsettled = false;
         if is_subreaper() {
-            targets.extend(orphans_in_scope(scope));
+            let (orphans, u) = adopted_in_scope(scope);
+            targets.extend(orphans);
+            unsettled = u;
         } else {
             targets.extend(pids_in_scope(scope));
         }
@@ -383,7 +418,7 @@ pub fn kill_tree(pid: Option<i32>, pgid: Option<i32>, scope: &str) {
         if let Some(g) = pgid {
             signal_group(g, Signal::SIGKILL);
         }
-        if targets.is_empty() {
+        if targets.is_empty() && !unsettled {
             break;
         }
         for p in targets {
