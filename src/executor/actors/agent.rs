@@ -4,7 +4,7 @@
 //! fails the actor (the turn it was running ends `failed`), and the
 //! session's supervisor rules start a fresh one for the next turn. The
 //! process goes through the executor's process layer (the newline-JSON
-//! child of [`crate::executor::mcp::stdio`]: own process group, scope tag,
+//! child of [`crate::executor::stdio_peer`]: own process group, scope tag,
 //! bounded lines), so it dies with the session. The protocol bookkeeping
 //! is [`crate::acp::rpc::Client`]; the actor routes its updates and
 //! permission questions to the session's current turn.
