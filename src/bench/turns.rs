@@ -11,13 +11,19 @@
 //!   turn's `session.status_idle`.
 //!
 //! The figure is chunks per second end to end; the ratio is through/direct.
+//!
+//! Latency: the agent's `paced N MS` turn writes chunks "at T" far apart,
+//! T its CLOCK_MONOTONIC at the write; each reader (the direct one on the
+//! pipe, the SSE client through executor and harness) subtracts T from
+//! its own CLOCK_MONOTONIC when the chunk arrives. The added latency is
+//! through − direct at p50 and p99 over every chunk of every run.
 
 use super::local::Local;
 use bmx::executor::mcp::sse::SseReader;
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -27,6 +33,11 @@ pub struct TurnsOptions {
     pub agent: PathBuf,
     pub chunks: u64,
     pub runs: usize,
+    /// Chunks per latency turn (`paced N MS`).
+    pub paced: u64,
+    /// Milliseconds between paced chunks: far apart, so a chunk's latency
+    /// is its own, not the queue of the ones before it.
+    pub gap_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -37,6 +48,18 @@ pub struct TurnsReport {
     pub through_chunks_per_s: f64,
     /// through / direct (the target: at least 0.5).
     pub ratio: f64,
+    pub paced: u64,
+    pub gap_ms: u64,
+    /// A paced chunk's age when read (agent write → reader), in µs, over
+    /// every run's chunks: on the agent's pipe...
+    pub direct_p50_us: f64,
+    pub direct_p99_us: f64,
+    /// ...and at the SSE client, through executor and harness.
+    pub through_p50_us: f64,
+    pub through_p99_us: f64,
+    /// What executor and harness add (through − direct).
+    pub added_p50_us: f64,
+    pub added_p99_us: f64,
 }
 
 impl TurnsReport {
@@ -51,6 +74,23 @@ impl TurnsReport {
             self.direct_chunks_per_s,
             self.through_chunks_per_s,
             self.ratio
+        ) + &format!(
+            "delta latency, agent write -> reader, {} chunks {} ms apart x {} runs (us)\n{:>10} {:>10} {:>10}\n{:>10} {:>10.0} {:>10.0}\n{:>10} {:>10.0} {:>10.0}\n{:>10} {:>10.0} {:>10.0}\n",
+            self.paced,
+            self.gap_ms,
+            self.runs,
+            "",
+            "p50",
+            "p99",
+            "direct",
+            self.direct_p50_us,
+            self.direct_p99_us,
+            "through",
+            self.through_p50_us,
+            self.through_p99_us,
+            "added",
+            self.added_p50_us,
+            self.added_p99_us
         )
     }
 }
@@ -60,34 +100,71 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn direct(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
-    let cwd = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut child = tokio::process::Command::new("node")
-        .arg(agent)
-        .current_dir(cwd.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("node {}: {e}", agent.display()))?;
-    let mut stdin = child.stdin.take().ok_or("no stdin")?;
-    let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
-    let mut send = async |v: Value| -> Result<(), String> {
-        let mut s = v.to_string();
-        s.push('\n');
-        stdin
-            .write_all(s.as_bytes())
-            .await
-            .map_err(|e| e.to_string())
-    };
-    async fn answer(
-        lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-        id: u64,
+/// The test agent on its own pipes, spoken to directly (the baseline).
+struct DirectAgent {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    session: Value,
+    next_id: u64,
+    _cwd: tempfile::TempDir,
+}
+
+impl DirectAgent {
+    /// Spawn the agent, `initialize`, `session/new`.
+    async fn start(agent: &Path) -> Result<DirectAgent, String> {
+        let cwd = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let mut child = tokio::process::Command::new("node")
+            .arg(agent)
+            .current_dir(cwd.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("node {}: {e}", agent.display()))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+        let mut me = DirectAgent {
+            child,
+            stdin,
+            lines,
+            session: Value::Null,
+            next_id: 1,
+            _cwd: cwd,
+        };
+        me.call(
+            "initialize",
+            json!({"protocolVersion": 1, "clientCapabilities": {}}),
+            |_| {},
+        )
+        .await?;
+        let cwd = me._cwd.path().to_owned();
+        let s = me
+            .call("session/new", json!({"cwd": cwd, "mcpServers": []}), |_| {})
+            .await?;
+        me.session = s["result"]["sessionId"].clone();
+        Ok(me)
+    }
+
+    /// One request; `each` sees every line until its answer.
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Value,
         mut each: impl FnMut(&str),
     ) -> Result<Value, String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut s =
+            json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string();
+        s.push('\n');
+        self.stdin
+            .write_all(s.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
         loop {
-            let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+            let line = tokio::time::timeout(Duration::from_secs(120), self.lines.next_line())
                 .await
                 .map_err(|_| "the agent went quiet".to_owned())?
                 .map_err(|e| e.to_string())?
@@ -101,35 +178,107 @@ async fn direct(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
             }
         }
     }
-    send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": 1, "clientCapabilities": {}}}))
-    .await?;
-    answer(&mut lines, 1, |_| {}).await?;
-    send(json!({"jsonrpc": "2.0", "id": 2, "method": "session/new",
-        "params": {"cwd": cwd.path(), "mcpServers": []}}))
-    .await?;
-    let s = answer(&mut lines, 2, |_| {}).await?;
-    let session = s["result"]["sessionId"].clone();
+
+    /// Prompt; `each` sees every line of the turn.
+    async fn prompt(&mut self, text: &str, each: impl FnMut(&str)) -> Result<(), String> {
+        let params = json!({"sessionId": self.session, "prompt": [{"type": "text", "text": text}]});
+        self.call("session/prompt", params, each).await.map(|_| ())
+    }
+
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+async fn direct(agent: &Path, chunks: u64) -> Result<f64, String> {
+    let mut a = DirectAgent::start(agent).await?;
     let t = Instant::now();
-    send(json!({"jsonrpc": "2.0", "id": 3, "method": "session/prompt",
-        "params": {"sessionId": session, "prompt": [{"type": "text", "text": format!("many {chunks}")}]}}))
-    .await?;
     let mut seen = 0u64;
-    answer(&mut lines, 3, |l| {
+    a.prompt(&format!("many {chunks}"), |l| {
         if l.contains("agent_message_chunk") {
             seen += 1;
         }
     })
     .await?;
     let elapsed = t.elapsed();
+    a.stop().await;
     if seen != chunks {
         return Err(format!("direct: {seen} chunks of {chunks}"));
     }
-    let _ = child.kill().await;
     Ok(chunks as f64 / elapsed.as_secs_f64())
 }
 
-async fn through(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
+/// The monotonic clock in ns: the clock the test agent stamps its
+/// `paced` chunks with (node's `process.hrtime` is CLOCK_MONOTONIC).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the local timespec only.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The age in µs of a chunk "at T" found in `text` (a line or an event).
+fn age_us(text: &str, now: u64) -> Option<f64> {
+    let at = text.split("at ").nth(1)?;
+    let digits: String = at.chars().take_while(char::is_ascii_digit).collect();
+    let stamp: u64 = digits.parse().ok()?;
+    Some(now.saturating_sub(stamp) as f64 / 1_000.0)
+}
+
+/// Latency of each `paced` chunk, agent write → this reader, read directly.
+async fn direct_latency(agent: &Path, chunks: u64, gap_ms: u64) -> Result<Vec<f64>, String> {
+    let mut a = DirectAgent::start(agent).await?;
+    let mut ages = Vec::new();
+    a.prompt(&format!("paced {chunks} {gap_ms}"), |l| {
+        let now = monotonic_ns();
+        if l.contains("agent_message_chunk") {
+            if let Some(age) = age_us(l, now) {
+                ages.push(age);
+            }
+        }
+    })
+    .await?;
+    a.stop().await;
+    if ages.len() as u64 != chunks {
+        return Err(format!("direct: {} paced chunks of {chunks}", ages.len()));
+    }
+    Ok(ages)
+}
+
+/// Read one turn's SSE stream until `session.status_idle`; `each` sees
+/// every event's data, with the time it was read.
+async fn read_turn(
+    events: reqwest::Response,
+    mut each: impl FnMut(&str, u64),
+) -> Result<(), String> {
+    let mut reader = SseReader::new(16 << 20);
+    let mut stream = events.bytes_stream();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .map_err(|_| "the event stream went quiet".to_owned())?
+    {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        let now = monotonic_ns();
+        for data in reader.feed(&chunk).map_err(|_| "event too large")? {
+            if data.contains("session.status_idle") {
+                return Ok(());
+            }
+            each(&data, now);
+        }
+        if Instant::now() > deadline {
+            return Err("the turn did not end in 300 s".into());
+        }
+    }
+    Err("the event stream ended before the turn".into())
+}
+
+/// An in-process harness and executor with the test agent, and a session's
+/// SSE stream open from its start.
+async fn through_session(agent: &Path) -> Result<(Local, String, reqwest::Response), String> {
     let local = Local::start(|config| {
         config.agents = vec![(
             "test".into(),
@@ -149,6 +298,16 @@ async fn through(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
     if !events.status().is_success() {
         return Err(format!("events: HTTP {}", events.status()));
     }
+    Ok((local, session, events))
+}
+
+/// A delta: `session.event_delta` relayed as SSE (it has an `index`).
+fn is_delta(data: &str) -> bool {
+    data.contains("\"eventType\"") && data.contains("\"index\"")
+}
+
+async fn through(agent: &Path, chunks: u64) -> Result<f64, String> {
+    let (local, session, events) = through_session(agent).await?;
     let t = Instant::now();
     local
         .post(
@@ -156,32 +315,47 @@ async fn through(agent: &std::path::Path, chunks: u64) -> Result<f64, String> {
             &json!({"input": format!("many {chunks}")}),
         )
         .await?;
-    let mut reader = SseReader::new(16 << 20);
-    let mut stream = events.bytes_stream();
     let mut deltas = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    'read: while let Some(chunk) = tokio::time::timeout(Duration::from_secs(60), stream.next())
-        .await
-        .map_err(|_| "the event stream went quiet".to_owned())?
-    {
-        let chunk = chunk.map_err(|e| e.to_string())?;
-        for data in reader.feed(&chunk).map_err(|_| "event too large")? {
-            if data.contains("\"eventType\"") && data.contains("\"index\"") {
-                deltas += 1;
-            } else if data.contains("session.status_idle") {
-                break 'read;
-            }
-        }
-        if Instant::now() > deadline {
-            return Err("the turn did not end in 300 s".into());
-        }
-    }
+    read_turn(events, |data, _| deltas += u64::from(is_delta(data))).await?;
     let elapsed = t.elapsed();
     local.shutdown().await;
     if deltas != chunks {
         return Err(format!("through: {deltas} deltas of {chunks} chunks"));
     }
     Ok(chunks as f64 / elapsed.as_secs_f64())
+}
+
+/// Latency of each `paced` chunk, agent write → SSE client.
+async fn through_latency(agent: &Path, chunks: u64, gap_ms: u64) -> Result<Vec<f64>, String> {
+    let (local, session, events) = through_session(agent).await?;
+    local
+        .post(
+            &format!("/v1/sessions/{session}/turns"),
+            &json!({"input": format!("paced {chunks} {gap_ms}")}),
+        )
+        .await?;
+    let mut ages = Vec::new();
+    read_turn(events, |data, now| {
+        if is_delta(data) {
+            if let Some(age) = age_us(data, now) {
+                ages.push(age);
+            }
+        }
+    })
+    .await?;
+    local.shutdown().await;
+    if ages.len() as u64 != chunks {
+        return Err(format!("through: {} paced deltas of {chunks}", ages.len()));
+    }
+    Ok(ages)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }
 
 pub async fn run(opts: &TurnsOptions) -> Result<TurnsReport, String> {
@@ -192,10 +366,15 @@ pub async fn run(opts: &TurnsOptions) -> Result<TurnsReport, String> {
         )
     })?;
     let (mut d, mut t) = (Vec::new(), Vec::new());
+    let (mut dl, mut tl) = (Vec::new(), Vec::new());
     for _ in 0..opts.runs.max(1) {
         d.push(direct(&agent, opts.chunks).await?);
         t.push(through(&agent, opts.chunks).await?);
+        dl.extend(direct_latency(&agent, opts.paced, opts.gap_ms).await?);
+        tl.extend(through_latency(&agent, opts.paced, opts.gap_ms).await?);
     }
+    dl.sort_by(|a, b| a.total_cmp(b));
+    tl.sort_by(|a, b| a.total_cmp(b));
     let (direct, through) = (median(d), median(t));
     Ok(TurnsReport {
         chunks: opts.chunks,
@@ -203,5 +382,13 @@ pub async fn run(opts: &TurnsOptions) -> Result<TurnsReport, String> {
         direct_chunks_per_s: direct,
         through_chunks_per_s: through,
         ratio: through / direct,
+        paced: opts.paced,
+        gap_ms: opts.gap_ms,
+        direct_p50_us: percentile(&dl, 0.50),
+        direct_p99_us: percentile(&dl, 0.99),
+        through_p50_us: percentile(&tl, 0.50),
+        through_p99_us: percentile(&tl, 0.99),
+        added_p50_us: percentile(&tl, 0.50) - percentile(&dl, 0.50),
+        added_p99_us: percentile(&tl, 0.99) - percentile(&dl, 0.99),
     })
 }

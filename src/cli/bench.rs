@@ -72,6 +72,11 @@ pub enum BenchCommand {
         /// Chunks per turn.
         #[arg(long, default_value_t = 20_000)]
         chunks: u64,
+        /// Chunks per latency turn, one every `--gap-ms`.
+        #[arg(long, default_value_t = 200)]
+        paced: u64,
+        #[arg(long, default_value_t = 10)]
+        gap_ms: u64,
         /// Runs (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -155,6 +160,8 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
         BenchCommand::Turns {
             agent,
             chunks,
+            paced,
+            gap_ms,
             runs,
             json,
         } => {
@@ -162,6 +169,8 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 agent,
                 chunks: chunks.max(1),
                 runs,
+                paced: paced.max(1),
+                gap_ms,
             };
             report("turns", json, turns::run(&opts).await, |r| r.table())
         }

@@ -27,6 +27,10 @@
 //   garbage            a line that is not JSON on stdout, then as the default.
 //   many N             N chunks of 32 bytes as fast as the pipe takes them,
 //                      then end_turn (N at most 10 000 000).
+//   paced N MS         N chunks "at T", one every MS ms (N at most 100 000,
+//                      MS at most 10 000), T the monotonic clock in ns at the
+//                      write (process.hrtime: CLOCK_MONOTONIC, the clock a
+//                      reader on this machine can compare with); for latency.
 //   history            one chunk "prompts so far: N", N counting every prompt
 //                      this session has had, this one included (proves
 //                      `session/load` after a restart of the agent).
@@ -252,6 +256,14 @@ app.onRequest(acp.methods.agent.session.prompt, async ({ params, client }) => {
       if (s.cancelled) break;
     }
     reply = `${n} chunks`;
+  } else if (/^paced \d+ \d+$/.test(text)) {
+    const [, n, ms] = text.split(" ").map(Number);
+    const count = Math.min(n, 100_000);
+    for (let i = 0; i < count && !s.cancelled; i++) {
+      if (await waitOrCancel(s, Math.min(ms, 10_000))) break;
+      await chunk(client, sessionId, `at ${process.hrtime.bigint()}`);
+    }
+    reply = `${count} paced chunks`;
   } else if (text === "history") {
     reply = `prompts so far: ${s.prompts.length}`;
     await chunk(client, sessionId, reply);
