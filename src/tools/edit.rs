@@ -7,12 +7,12 @@
 //! because an overlapping match is just as ambiguous. The file is rewritten
 //! atomically like `write`, keeping its permissions.
 
-use std::fs;
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::beneath::{self, Beneath, Kind};
 use super::read::io_failure;
 use super::write::atomic_write;
 use super::{
@@ -73,24 +73,30 @@ fn edit_file(workspace: &Path, input: &EditInput) -> ToolOutput {
         Err(err) => return err.into(),
     };
     let shown = boundary::display(workspace, &path);
-    match fs::metadata(&path) {
-        Ok(meta) if meta.is_dir() => {
+    // Read beneath the workspace handle (see `beneath`): a component
+    // swapped for a symlink since `resolve` is refused, not followed.
+    let mut file = match Beneath::new(workspace).and_then(|b| b.open_read(&path)) {
+        Ok(file) => file,
+        Err(err) => return io_failure(&shown, &err),
+    };
+    match beneath::kind_of(&file) {
+        Ok(Kind::Dir) => {
             return ToolOutput::failure(reason::IS_DIRECTORY, format!("`{shown}` is a directory"))
         }
         // FIFOs and devices would block or never end.
-        Ok(meta) if !meta.is_file() => {
+        Ok(Kind::Other) => {
             return ToolOutput::failure(
                 reason::IO_ERROR,
                 format!("`{shown}` is not a regular file"),
             )
         }
-        Ok(_) => {}
+        Ok(Kind::File) => {}
         Err(err) => return io_failure(&shown, &err),
     }
-    let bytes = match fs::read(&path) {
-        Ok(bytes) => bytes,
-        Err(err) => return io_failure(&shown, &err),
-    };
+    let mut bytes = Vec::new();
+    if let Err(err) = std::io::Read::read_to_end(&mut file, &mut bytes) {
+        return io_failure(&shown, &err);
+    }
     let Ok(text) = String::from_utf8(bytes) else {
         return ToolOutput::failure(
             reason::BINARY_FILE,
@@ -106,7 +112,7 @@ fn edit_file(workspace: &Path, input: &EditInput) -> ToolOutput {
         ),
         1 => {
             let updated = text.replacen(&input.old_string, &input.new_string, 1);
-            match atomic_write(&path, updated.as_bytes()) {
+            match atomic_write(workspace, &path, updated.as_bytes()) {
                 Ok(_) => ToolOutput::success(format!("edited `{shown}`: replaced 1 occurrence")),
                 Err(err) => io_failure(&shown, &err),
             }
@@ -125,6 +131,7 @@ mod tests {
     use super::super::Outcome;
     use super::*;
     use serde_json::json;
+    use std::fs;
     use std::os::unix::fs::symlink;
     use std::path::PathBuf;
 

@@ -7,7 +7,6 @@
 //! still searched; matched lines are shown lossily. Results stream through a
 //! [`HeadTail`], so a pattern that matches everything costs bounded memory.
 
-use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
@@ -16,9 +15,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::beneath::{self, Beneath, Kind};
 use super::glob::{relative_to_base, resolve_base, PathPattern};
 use super::output::HeadTail;
-use super::read::sniff;
+use super::read::{io_failure, sniff};
 use super::{boundary, parse_input, run_blocking, Tool, ToolContext, ToolOutput};
 
 /// Longest line text shown per match; minified files have megabyte lines.
@@ -57,6 +57,7 @@ impl Tool for GrepTool {
 }
 
 struct Search<'a> {
+    beneath: &'a Beneath,
     regex: &'a Regex,
     shown: String,
     collected: &'a mut HeadTail,
@@ -67,7 +68,12 @@ impl Search<'_> {
     /// Searches one file; unreadable and binary files are skipped silently,
     /// as a recursive grep does.
     fn file(&mut self, path: &Path) -> io::Result<()> {
-        let mut file = File::open(path)?;
+        // Opened beneath the workspace handle: the walk saw a plain file,
+        // and a symlink swapped in since is refused, not followed.
+        let mut file = self.beneath.open_read(path)?;
+        if beneath::kind_of(&file)? != Kind::File {
+            return Ok(());
+        }
         let prefix = sniff(&mut file)?;
         if prefix.contains(&0) {
             return Ok(());
@@ -127,6 +133,10 @@ fn grep_files(
         Ok(base) => base,
         Err(out) => return out,
     };
+    let beneath = match Beneath::new(workspace) {
+        Ok(b) => b,
+        Err(err) => return io_failure(".", &err),
+    };
     let mut collected = HeadTail::new(inline_limit);
     let mut matches: u64 = 0;
     for entry in boundary::walk(workspace, &base).filter_map(Result::ok) {
@@ -143,6 +153,7 @@ fn grep_files(
             }
         }
         let mut search = Search {
+            beneath: &beneath,
             regex: &regex,
             shown: boundary::display(workspace, path),
             collected: &mut collected,

@@ -7,13 +7,14 @@
 //! anything outside the workspace. A symlinked *path* given as input is
 //! resolved by [`boundary::resolve`] and refused if it leaves.
 
-use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::beneath::Beneath;
 use super::output::truncate_text;
 use super::read::io_failure;
 use super::{boundary, parse_input, reason, run_blocking, Tool, ToolContext, ToolOutput};
@@ -56,28 +57,47 @@ fn list(
         Err(err) => return err.into(),
     };
     let shown = boundary::display(workspace, &dir);
-    match fs::metadata(&dir) {
-        Ok(meta) if !meta.is_dir() => {
+    // Listed through a descriptor opened beneath the workspace handle: a
+    // directory swapped for a symlink since `resolve` is refused.
+    let fd = match Beneath::new(workspace).and_then(|b| b.open_dir(&dir)) {
+        Ok(fd) => fd,
+        Err(err) if err.raw_os_error() == Some(libc::ENOTDIR) => {
             return ToolOutput::failure(
                 reason::NOT_A_DIRECTORY,
                 format!("`{shown}` is not a directory"),
             )
         }
-        Ok(_) => {}
-        Err(err) => return io_failure(&shown, &err),
-    }
-    let reader = match fs::read_dir(&dir) {
-        Ok(reader) => reader,
         Err(err) => return io_failure(&shown, &err),
     };
+    let mut reader = match nix::dir::Dir::from_fd(fd) {
+        Ok(reader) => reader,
+        Err(err) => return io_failure(&shown, &err.into()),
+    };
     let mut entries: Vec<(std::ffi::OsString, bool)> = Vec::new();
-    for (i, entry) in reader.filter_map(Result::ok).enumerate() {
+    let mut unknown = Vec::new();
+    for (i, entry) in reader.iter().filter_map(Result::ok).enumerate() {
         if i % 1024 == 0 && cancel.is_cancelled() {
             return ToolOutput::canceled("canceled");
         }
-        // DirEntry::file_type does not follow symlinks.
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        entries.push((entry.file_name(), is_dir));
+        let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+        if name == "." || name == ".." {
+            continue;
+        }
+        // The entry's own type: a symlink is not followed.
+        match entry.file_type() {
+            Some(t) => entries.push((name.to_owned(), t == nix::dir::Type::Directory)),
+            None => unknown.push(name.to_owned()),
+        }
+    }
+    // File systems that do not fill in d_type: ask, still not following.
+    for name in unknown {
+        let is_dir = nix::sys::stat::fstatat(
+            &reader,
+            name.as_os_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR);
+        entries.push((name, is_dir));
     }
     if entries.is_empty() {
         return ToolOutput::success(format!("(`{shown}` is empty)"));
@@ -108,6 +128,7 @@ mod tests {
     use super::super::Outcome;
     use super::*;
     use serde_json::json;
+    use std::fs;
     use std::os::unix::fs::symlink;
     use std::path::PathBuf;
 

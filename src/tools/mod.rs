@@ -11,6 +11,7 @@
 //! `is_error` set and a machine-readable [`ToolOutput::reason`].
 
 pub mod bash;
+pub mod beneath;
 pub mod boundary;
 pub mod edit;
 pub mod glob;

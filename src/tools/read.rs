@@ -6,7 +6,7 @@
 //! file is streamed through a [`HeadTail`] so a giant file costs bounded
 //! memory even without `limit`.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 
@@ -14,6 +14,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::beneath::{self, Beneath, Kind};
 use super::output::HeadTail;
 use super::{boundary, parse_input, reason, run_blocking, Tool, ToolContext, ToolOutput};
 
@@ -66,6 +67,12 @@ pub(super) fn sniff(file: &mut File) -> io::Result<Vec<u8>> {
 /// Maps an I/O error on `shown` to a result with a specific reason where
 /// the model can act on it.
 pub(super) fn io_failure(shown: &str, err: &io::Error) -> ToolOutput {
+    if beneath::is_swapped(err) {
+        return ToolOutput::failure(
+            reason::WORKSPACE_BOUNDARY,
+            format!("`{shown}` changed while in use: a symbolic link appeared on its path"),
+        );
+    }
     match err.kind() {
         io::ErrorKind::NotFound => {
             ToolOutput::failure(reason::NOT_FOUND, format!("`{shown}` does not exist"))
@@ -95,27 +102,29 @@ fn read_file(
         Err(err) => return err.into(),
     };
     let shown = boundary::display(workspace, &path);
-    match fs::metadata(&path) {
-        Ok(meta) if meta.is_dir() => {
+    // Opened beneath the workspace handle: what is read is what resolve
+    // checked, even if the session swaps a component for a symlink.
+    let mut file = match Beneath::new(workspace).and_then(|b| b.open_read(&path)) {
+        Ok(file) => file,
+        Err(err) => return io_failure(&shown, &err),
+    };
+    match beneath::kind_of(&file) {
+        Ok(Kind::Dir) => {
             return ToolOutput::failure(
                 reason::IS_DIRECTORY,
                 format!("`{shown}` is a directory; use list_files to see its entries"),
             )
         }
         // FIFOs and devices would block or never end.
-        Ok(meta) if !meta.is_file() => {
+        Ok(Kind::Other) => {
             return ToolOutput::failure(
                 reason::IO_ERROR,
                 format!("`{shown}` is not a regular file"),
             )
         }
-        Ok(_) => {}
+        Ok(Kind::File) => {}
         Err(err) => return io_failure(&shown, &err),
     }
-    let mut file = match File::open(&path) {
-        Ok(file) => file,
-        Err(err) => return io_failure(&shown, &err),
-    };
     let prefix = match sniff(&mut file) {
         Ok(prefix) => prefix,
         Err(err) => return io_failure(&shown, &err),
@@ -183,6 +192,7 @@ mod tests {
     use super::super::Outcome;
     use super::*;
     use serde_json::json;
+    use std::fs;
     use std::os::unix::fs::symlink;
     use std::path::PathBuf;
 

@@ -7,18 +7,15 @@
 //! checked against the workspace boundary, so no directory is ever created
 //! outside it.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::beneath::Beneath;
 use super::read::io_failure;
-use super::{
-    boundary, parse_input, reason, run_blocking_to_completion, Tool, ToolContext, ToolOutput,
-};
+use super::{boundary, parse_input, run_blocking_to_completion, Tool, ToolContext, ToolOutput};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -58,13 +55,7 @@ fn write_file(workspace: &Path, input: &WriteInput) -> ToolOutput {
         Err(err) => return err.into(),
     };
     let shown = boundary::display(workspace, &path);
-    match fs::metadata(&path) {
-        Ok(meta) if meta.is_dir() => {
-            return ToolOutput::failure(reason::IS_DIRECTORY, format!("`{shown}` is a directory"))
-        }
-        _ => {}
-    }
-    match atomic_write(&path, input.content.as_bytes()) {
+    match atomic_write(workspace, &path, input.content.as_bytes()) {
         Ok(existed) => {
             let verb = if existed { "updated" } else { "created" };
             ToolOutput::success(format!("{verb} `{shown}` ({} bytes)", input.content.len()))
@@ -76,48 +67,22 @@ fn write_file(workspace: &Path, input: &WriteInput) -> ToolOutput {
 /// Atomically replaces `path` (already resolved and boundary-checked) with
 /// `content`, creating parent directories. Returns whether the file existed.
 ///
-/// The temp file is created with `O_EXCL` under a random name, so it can
-/// neither clobber nor be redirected through an existing file or symlink.
-pub(super) fn atomic_write(path: &Path, content: &[u8]) -> io::Result<bool> {
-    let parent = path
-        .parent()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    fs::create_dir_all(parent)?;
-    let existing = fs::metadata(path).ok();
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", uuid::Uuid::new_v4().simple()));
-    let tmp = parent.join(tmp_name);
-    let result = (|| {
-        let mut options = OpenOptions::new();
-        options.write(true).create_new(true);
-        if let Some(meta) = &existing {
-            use std::os::unix::fs::PermissionsExt;
-            options.mode(meta.permissions().mode() & 0o7777);
-        }
-        let mut file = options.open(&tmp)?;
-        if let Some(meta) = &existing {
-            // `mode` at creation is filtered by the umask; set it exactly.
-            file.set_permissions(meta.permissions())?;
-        }
-        file.write_all(content)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map(|()| existing.is_some())
+/// Everything happens relative to a handle of the workspace
+/// ([`Beneath::write_atomic`]): the temp file is created with `O_EXCL |
+/// O_NOFOLLOW` in the parent's handle and renamed over the name in that
+/// same handle, so a symlink planted on the way is refused and one planted
+/// at the destination is replaced, never followed.
+pub(super) fn atomic_write(workspace: &Path, path: &Path, content: &[u8]) -> io::Result<bool> {
+    Beneath::new(workspace)?.write_atomic(path, content)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::reason;
     use super::super::Outcome;
     use super::*;
     use serde_json::json;
+    use std::fs;
     use std::os::unix::fs::{symlink, PermissionsExt};
     use std::path::PathBuf;
 
