@@ -54,6 +54,12 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 /// Workspace-relative directory of spilled full outputs.
 pub const SPILL_DIR: &str = ".bmx/tool-output";
 
+/// A spill file keeps at most the first `SPILL_HEAD` bytes of a stream...
+pub const SPILL_HEAD: u64 = 16 << 20;
+/// ...and its last `SPILL_TAIL` bytes; what lies between is dropped and
+/// counted, so `yes` cannot fill the disk through a tool call.
+pub const SPILL_TAIL: usize = 1 << 20;
+
 /// How long output is still read after the command ended. Only matters
 /// when a process outside the killed group (e.g. started with `setsid`)
 /// inherited the pipes; we then stop reading rather than wait for it.
@@ -402,6 +408,12 @@ enum Spill {
     Open {
         file: tokio::fs::File,
         path: PathBuf,
+        /// Bytes in the file so far (at most `SPILL_HEAD`).
+        written: u64,
+        /// The stream's last bytes past the head (at most `SPILL_TAIL`).
+        tail: std::collections::VecDeque<u8>,
+        /// Bytes past the head that fell out of `tail`.
+        dropped: u64,
     },
     Done(PathBuf),
     Failed(String),
@@ -448,51 +460,107 @@ impl StreamSink {
                     .ok()
                     .and_then(|n| self.collected.head().get(..n));
                 match (earlier, self.open_spill().await) {
-                    (Some(earlier), Ok((mut file, path))) => {
-                        match write_both(&mut file, earlier, chunk).await {
-                            Ok(()) => Spill::Open { file, path },
-                            Err(err) => Spill::Failed(err.to_string()),
-                        }
+                    (Some(earlier), Ok((file, path))) => {
+                        let open = Spill::Open {
+                            file,
+                            path,
+                            written: 0,
+                            tail: Default::default(),
+                            dropped: 0,
+                        };
+                        let open = Self::append(open, earlier).await;
+                        Self::append(open, chunk).await
                     }
                     (None, _) => Spill::Failed("internal: head lost".to_string()),
                     (_, Err(err)) => Spill::Failed(err),
                 }
             }
-            Spill::Open { mut file, path } => match file.write_all(chunk).await {
-                Ok(()) => Spill::Open { file, path },
-                Err(err) => Spill::Failed(err.to_string()),
-            },
+            open @ Spill::Open { .. } => Self::append(open, chunk).await,
             other => other,
         };
     }
 
+    /// Write `chunk` to an open spill: into the file up to `SPILL_HEAD`,
+    /// the rest into the bounded tail. Anything else passes through.
+    async fn append(spill: Spill, chunk: &[u8]) -> Spill {
+        let Spill::Open {
+            mut file,
+            path,
+            mut written,
+            mut tail,
+            mut dropped,
+        } = spill
+        else {
+            return spill;
+        };
+        let room = usize::try_from(SPILL_HEAD.saturating_sub(written)).unwrap_or(usize::MAX);
+        let (head, rest) = chunk.split_at(chunk.len().min(room));
+        if !head.is_empty() {
+            if let Err(err) = file.write_all(head).await {
+                return Spill::Failed(err.to_string());
+            }
+            written += head.len() as u64;
+        }
+        tail.extend(rest);
+        if tail.len() > SPILL_TAIL {
+            let over = tail.len() - SPILL_TAIL;
+            tail.drain(..over);
+            dropped += over as u64;
+        }
+        Spill::Open {
+            file,
+            path,
+            written,
+            tail,
+            dropped,
+        }
+    }
+
+    /// Create the spill file beneath the workspace handle (`tools::beneath`):
+    /// the session cannot redirect it outside by swapping `.bmx` for a
+    /// symlink.
     async fn open_spill(&self) -> Result<(tokio::fs::File, PathBuf), String> {
         let rel = format!("{SPILL_DIR}/{}", self.file_name);
         let path = boundary::resolve(&self.workspace, &rel).map_err(|e| e.to_string())?;
-        if let Some(parent) = path.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| format!("creating {}: {e}", parent.display()))?;
-        }
-        let file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .await
-            .map_err(|e| format!("opening {}: {e}", path.display()))?;
-        Ok((file, path))
+        let workspace = self.workspace.clone();
+        let target = path.clone();
+        let file = tokio::task::spawn_blocking(move || {
+            super::beneath::Beneath::new(&workspace)?.create(&target)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+        Ok((tokio::fs::File::from_std(file), path))
     }
 
     /// Flushes the spill file (tokio's `File` writes in the background).
     async fn finish(&mut self) {
         let spill = std::mem::replace(&mut self.spill, Spill::Idle);
         self.spill = match spill {
-            Spill::Open { mut file, path } => match file.flush().await {
-                Ok(()) => Spill::Done(path),
-                Err(err) => Spill::Failed(err.to_string()),
-            },
+            Spill::Open {
+                mut file,
+                path,
+                tail,
+                dropped,
+                ..
+            } => {
+                let (a, b) = tail.as_slices();
+                let marker = format!(
+                    "\n[bmx: {dropped} bytes omitted here; a spill keeps the first {SPILL_HEAD} and the last {SPILL_TAIL} bytes]\n"
+                );
+                let end = async {
+                    if dropped > 0 {
+                        file.write_all(marker.as_bytes()).await?;
+                    }
+                    file.write_all(a).await?;
+                    file.write_all(b).await?;
+                    file.flush().await
+                };
+                match end.await {
+                    Ok(()) => Spill::Done(path),
+                    Err(err) => Spill::Failed(err.to_string()),
+                }
+            }
             other => other,
         };
     }
@@ -532,11 +600,6 @@ impl StreamSink {
             ));
         }
     }
-}
-
-async fn write_both(file: &mut tokio::fs::File, first: &[u8], second: &[u8]) -> io::Result<()> {
-    file.write_all(first).await?;
-    file.write_all(second).await
 }
 
 /// Reads one stream to its end (or until `stop`), feeding the sink.
@@ -900,6 +963,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_spill_keeps_its_head_and_tail_and_counts_the_middle() {
+        let (_d, ws) = setup();
+        let total: u64 = SPILL_HEAD + 4 * SPILL_TAIL as u64;
+        // `total` bytes: numbered lines, so the tail can be checked exactly.
+        let command = format!("seq 1 100000000 | head -c {total}");
+        let out = BashTool
+            .run(ToolContext::new(&ws, "huge"), json!({ "command": command }))
+            .await;
+        assert!(!out.is_error, "{}", out.text);
+        let spill = std::fs::read(ws.join(".bmx/tool-output/huge.stdout")).unwrap();
+        let dropped = total - SPILL_HEAD - SPILL_TAIL as u64;
+        let marker = format!(
+            "\n[bmx: {dropped} bytes omitted here; a spill keeps the first {SPILL_HEAD} and the last {SPILL_TAIL} bytes]\n"
+        );
+        assert_eq!(
+            spill.len() as u64,
+            SPILL_HEAD + marker.len() as u64 + SPILL_TAIL as u64
+        );
+        let full: Vec<u8> = (1..)
+            .flat_map(|i: u64| format!("{i}\n").into_bytes())
+            .take(total as usize)
+            .collect();
+        assert_eq!(&spill[..SPILL_HEAD as usize], &full[..SPILL_HEAD as usize]);
+        let tail_at = SPILL_HEAD as usize + marker.len();
+        assert_eq!(&spill[SPILL_HEAD as usize..tail_at], marker.as_bytes());
+        assert_eq!(&spill[tail_at..], &full[full.len() - SPILL_TAIL..]);
+    }
+
+    #[tokio::test]
     async fn truncation_keeps_head_tail_marker_and_spills_exact_output() {
         let (_d, ws) = setup();
         let mut ctx = ToolContext::new(&ws, "call/42");
@@ -980,8 +1072,14 @@ mod tests {
         assert!(!out.is_error, "{}", out.text);
         assert!(out.text.contains("20000000 bytes in total"), "{}", out.text);
         assert!(out.text.contains("10000000 bytes in total"), "{}", out.text);
+        // 20 MB is past the spill cap: head + marker + tail.
         let meta = fs::metadata(ws.join(".bmx/tool-output/huge.stdout")).unwrap();
-        assert_eq!(meta.len(), 20_000_000);
+        let capped = SPILL_HEAD + SPILL_TAIL as u64;
+        assert!(
+            meta.len() > capped && meta.len() < capped + 200,
+            "{}",
+            meta.len()
+        );
         let meta = fs::metadata(ws.join(".bmx/tool-output/huge.stderr")).unwrap();
         assert_eq!(meta.len(), 10_000_000);
     }

@@ -261,6 +261,26 @@ impl Beneath {
         (rc == 0).then_some(st)
     }
 
+    /// Create (or truncate) the regular file `resolved` for writing,
+    /// making missing parent directories beneath the handle; a symlink at
+    /// the name is refused (`O_NOFOLLOW`), never followed.
+    pub fn create(&self, resolved: &Path) -> io::Result<File> {
+        let parent = resolved
+            .parent()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
+        let name = resolved
+            .file_name()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+        let dir = self.make_dirs(parent)?;
+        let fd = openat(
+            &dir,
+            &cstr(name)?,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            0o666,
+        )?;
+        Ok(File::from(fd))
+    }
+
     /// Replace `resolved` with `content` atomically, making missing parent
     /// directories. Returns whether a file was there before. A directory
     /// at `resolved` is `EISDIR`.

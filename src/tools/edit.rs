@@ -19,6 +19,9 @@ use super::{
     boundary, parse_input, reason, run_blocking_to_completion, Tool, ToolContext, ToolOutput,
 };
 
+/// The largest file `edit` changes: it holds the file and its edited copy.
+pub const MAX_EDIT_BYTES: u64 = 64 << 20;
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct EditInput {
@@ -93,9 +96,30 @@ fn edit_file(workspace: &Path, input: &EditInput) -> ToolOutput {
         Ok(Kind::File) => {}
         Err(err) => return io_failure(&shown, &err),
     }
+    // The whole file is held (twice, with the edit): bound it.
+    match file.metadata() {
+        Ok(meta) if meta.len() > MAX_EDIT_BYTES => {
+            return ToolOutput::failure(
+                reason::IO_ERROR,
+                format!(
+                    "`{shown}` is {} bytes; edit changes files of at most {MAX_EDIT_BYTES} bytes (use bash for bigger ones)",
+                    meta.len()
+                ),
+            )
+        }
+        Ok(_) => {}
+        Err(err) => return io_failure(&shown, &err),
+    }
     let mut bytes = Vec::new();
-    if let Err(err) = std::io::Read::read_to_end(&mut file, &mut bytes) {
+    let limited = &mut std::io::Read::take(&mut file, MAX_EDIT_BYTES + 1);
+    if let Err(err) = std::io::Read::read_to_end(limited, &mut bytes) {
         return io_failure(&shown, &err);
+    }
+    if bytes.len() as u64 > MAX_EDIT_BYTES {
+        return ToolOutput::failure(
+            reason::IO_ERROR,
+            format!("`{shown}` grew past {MAX_EDIT_BYTES} bytes while being read"),
+        );
     }
     let Ok(text) = String::from_utf8(bytes) else {
         return ToolOutput::failure(

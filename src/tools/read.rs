@@ -146,11 +146,15 @@ fn read_file(
     let mut shown_lines: u64 = 0;
     while shown_lines < max_lines {
         line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) => break,
-            Ok(_) => {}
+        // A line longer than could ever be shown is kept only up to the
+        // inline limit: a 2 GB single-line file costs that, not 2 GB.
+        let whole = match read_line_capped(&mut reader, &mut line, inline_limit.max(1), cancel) {
+            Ok(None) => return ToolOutput::canceled("canceled"),
+            Ok(Some(0)) => break,
+            Ok(Some(n)) => n,
             Err(err) => return io_failure(&shown, &err),
-        }
+        };
+        let cut = whole > line.len() as u64;
         number += 1;
         if number.is_multiple_of(4096) && cancel.is_cancelled() {
             return ToolOutput::canceled("canceled");
@@ -163,6 +167,9 @@ fn read_file(
         }
         collected.push(format!("{number:>6}\t").as_bytes());
         collected.push(&line);
+        if cut {
+            collected.push(format!(" [line cut: {whole} bytes]").as_bytes());
+        }
         collected.push(b"\n");
         shown_lines += 1;
     }
@@ -187,6 +194,44 @@ fn read_file(
     ToolOutput::success(text)
 }
 
+/// Read one line (up to and with its `\n`) into `line`, keeping at most
+/// `cap` bytes of it; the rest is read and dropped. Returns the line's
+/// whole length (0 at the end of the file), `None` if `cancel` fired
+/// while a giant line was being skipped.
+fn read_line_capped(
+    reader: &mut impl BufRead,
+    line: &mut Vec<u8>,
+    cap: usize,
+    cancel: &CancellationToken,
+) -> io::Result<Option<u64>> {
+    let mut total: u64 = 0;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(buf) => buf,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            return Ok(Some(total));
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        let room = cap.saturating_sub(line.len());
+        line.extend_from_slice(&buf[..take.min(room)]);
+        reader.consume(take);
+        total += take as u64;
+        if done {
+            return Ok(Some(total));
+        }
+        // One atomic load per buffer: cheap next to the read.
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::Outcome;
@@ -202,6 +247,27 @@ mod tests {
 
     async fn read(ws: &Path, input: Value) -> ToolOutput {
         ReadTool.run(ToolContext::new(ws, "call"), input).await
+    }
+
+    #[tokio::test]
+    async fn a_giant_line_is_kept_only_up_to_the_inline_limit() {
+        let (_d, ws) = setup();
+        let giant = "g".repeat(5_000_000);
+        fs::write(ws.join("one-line"), format!("{giant}\nsecond\n")).unwrap();
+        let mut ctx = ToolContext::new(&ws, "call");
+        ctx.inline_limit = 4096;
+        let out = ReadTool
+            .run(ctx, json!({"path": "one-line", "limit": 1}))
+            .await;
+        assert_eq!(out.outcome, Outcome::Succeeded);
+        assert!(
+            out.text.contains("[line cut: 5000001 bytes]"),
+            "{}",
+            &out.text[out.text.len() - 200..]
+        );
+        assert!(out.text.len() < 8192, "{}", out.text.len());
+        let out = read(&ws, json!({"path": "one-line", "offset": 2})).await;
+        assert_eq!(out.text, "     2\tsecond\n");
     }
 
     #[tokio::test]
