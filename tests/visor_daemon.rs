@@ -35,13 +35,19 @@ async fn a_stale_socket_is_replaced() {
     let mut child = spawn(home.path());
     let deadline = std::time::Instant::now() + WAIT;
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-        assert!(std::time::Instant::now() < deadline, "no visor on the stale socket's path");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no visor on the stale socket's path"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let (st, info) = http(&sock, "GET", "/v1/info", None).await;
     assert_eq!(st, 200);
     assert_eq!(info["pid"], child.id());
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     assert!(child.wait().unwrap().success());
 }
 
@@ -49,22 +55,68 @@ async fn a_stale_socket_is_replaced() {
 async fn hello_checks_the_protocol_and_errors_are_typed() {
     let v = Visor::start();
     let info = v
-        .ok("POST", "/v1/hello", Some(json!({"client": "test", "build": "1", "protocol": "bmx.visor.v1"})))
+        .ok(
+            "POST",
+            "/v1/hello",
+            Some(json!({"client": "test", "build": "1", "protocol": "bmx.visor.v1"})),
+        )
         .await;
     assert_eq!(info["protocol"], "bmx.visor.v1");
     assert_eq!(info["client"], "test");
     assert_eq!(info["home"], v.home.path().display().to_string());
     assert!(info["seq"].as_u64().is_some());
-    let (st, e) = v.req("POST", "/v1/hello", Some(json!({"client": "t", "protocol": "bmx.visor.v9"}))).await;
+    let (st, e) = v
+        .req(
+            "POST",
+            "/v1/hello",
+            Some(json!({"client": "t", "protocol": "bmx.visor.v9"})),
+        )
+        .await;
     assert_eq!((st, e["error"]["code"].as_str()), (426, Some("protocol")));
     for (method, path, body, status, code) in [
         ("POST", "/v1/hello", Some("{not json"), 400, "invalid"),
-        ("POST", "/v1/sessions", Some(r#"{"kind":"pty"}"#), 400, "invalid"),
-        ("POST", "/v1/sessions", Some(r#"{"kind":"pty","command":["x"],"agent":"y"}"#), 400, "invalid"),
-        ("POST", "/v1/sessions", Some(r#"{"kind":"pty","command":["/no/such/program"]}"#), 400, "invalid"),
-        ("POST", "/v1/sessions", Some(r#"{"kind":"pty","command":["sh"],"cols":0}"#), 400, "invalid"),
-        ("POST", "/v1/sessions", Some(r#"{"kind":"pty","command":["sh"],"bogus":1}"#), 400, "invalid"),
-        ("POST", "/v1/sessions", Some(r#"{"kind":"wire","command":["agent"]}"#), 501, "unsupported"),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"pty"}"#),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"pty","command":["x"],"agent":"y"}"#),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"pty","command":["/no/such/program"]}"#),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"pty","command":["sh"],"cols":0}"#),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"pty","command":["sh"],"bogus":1}"#),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"wire","command":["agent"]}"#),
+            501,
+            "unsupported",
+        ),
         ("GET", "/v1/sessions/nope", None, 404, "not_found"),
         ("POST", "/v1/sessions/nope/stop", None, 404, "not_found"),
         ("GET", "/v1/nothing-here", None, 404, "not_found"),
@@ -72,10 +124,19 @@ async fn hello_checks_the_protocol_and_errors_are_typed() {
         ("POST", "/v1/workdirs", Some("{}"), 501, "unsupported"),
     ] {
         let (st, e) = http(&v.socket(), method, path, body).await;
-        assert_eq!((st, e["error"]["code"].as_str()), (status, Some(code)), "{method} {path}: {e}");
-        assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {e}"
+        );
+        assert!(e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
     }
-    let huge = format!(r#"{{"client":"{}","protocol":"bmx.visor.v1"}}"#, "x".repeat(2 << 20));
+    let huge = format!(
+        r#"{{"client":"{}","protocol":"bmx.visor.v1"}}"#,
+        "x".repeat(2 << 20)
+    );
     let (st, _) = http(&v.socket(), "POST", "/v1/hello", Some(&huge)).await;
     assert_eq!(st, 400);
 }

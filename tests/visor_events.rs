@@ -18,21 +18,39 @@ async fn collect_until(ws: &mut Ws, n: usize) -> Vec<Value> {
 async fn replay_then_live_without_gap_or_duplicate_and_filtered() {
     let v = Visor::start();
     // History: two sessions that start and end.
-    let a = v.start_pty(&["sh", "-c", "echo a"], json!({"labels": {"team": "a"}})).await;
-    let b = v.start_pty(&["sh", "-c", "echo b"], json!({"labels": {"team": "b"}})).await;
+    let a = v
+        .start_pty(&["sh", "-c", "echo a"], json!({"labels": {"team": "a"}}))
+        .await;
+    let b = v
+        .start_pty(&["sh", "-c", "echo b"], json!({"labels": {"team": "b"}}))
+        .await;
     for id in [&a, &b] {
-        v.until(&format!("/v1/sessions/{id}"), "exited", |s| s["state"] == "exited").await;
+        v.until(&format!("/v1/sessions/{id}"), "exited", |s| {
+            s["state"] == "exited"
+        })
+        .await;
     }
     let latest = v.ok("GET", "/v1/info", None).await["seq"].as_u64().unwrap();
-    assert!(latest >= 8, "init, running, exit, exited for each: {latest}");
+    assert!(
+        latest >= 8,
+        "init, running, exit, exited for each: {latest}"
+    );
 
     // Everything from the start, then live.
     let mut all = v.ws("/v1/events?after=0").await;
     let replayed = collect_until(&mut all, latest as usize).await;
-    let seqs: Vec<u64> = replayed.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = replayed
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(seqs, (1..=latest).collect::<Vec<_>>());
     for e in &replayed {
-        assert!(e["at"].as_str().is_some() && e["session"].as_str().is_some() && e["type"].as_str().is_some(), "{e}");
+        assert!(
+            e["at"].as_str().is_some()
+                && e["session"].as_str().is_some()
+                && e["type"].as_str().is_some(),
+            "{e}"
+        );
     }
 
     // A subscriber from the middle, one filtered to session b, one to types.
@@ -42,22 +60,39 @@ async fn replay_then_live_without_gap_or_duplicate_and_filtered() {
     let mut only_state = v.ws("/v1/events?types=session_state&label=team%3Dc").await;
 
     // Live: a third session while everyone listens.
-    let c = v.start_pty(&["sh", "-c", "echo c"], json!({"labels": {"team": "c"}})).await;
-    v.until(&format!("/v1/sessions/{c}"), "exited", |s| s["state"] == "exited").await;
+    let c = v
+        .start_pty(&["sh", "-c", "echo c"], json!({"labels": {"team": "c"}}))
+        .await;
+    v.until(&format!("/v1/sessions/{c}"), "exited", |s| {
+        s["state"] == "exited"
+    })
+    .await;
     let now = v.ok("GET", "/v1/info", None).await["seq"].as_u64().unwrap();
     assert!(now >= latest + 4);
 
     let live = collect_until(&mut all, (now - latest) as usize).await;
     let seqs: Vec<u64> = live.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (latest + 1..=now).collect::<Vec<_>>(), "no hole, no duplicate across replay and live");
+    assert_eq!(
+        seqs,
+        (latest + 1..=now).collect::<Vec<_>>(),
+        "no hole, no duplicate across replay and live"
+    );
 
     let m = collect_until(&mut from_mid, (now - mid) as usize).await;
     let seqs: Vec<u64> = m.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (mid + 1..=now).collect::<Vec<_>>());
 
     let everything: Vec<Value> = replayed.into_iter().chain(live).collect();
-    let want_b: Vec<u64> = everything.iter().filter(|e| e["session"] == b.as_str()).map(|e| e["seq"].as_u64().unwrap()).collect();
-    let got_b: Vec<u64> = collect_until(&mut only_b, want_b.len()).await.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let want_b: Vec<u64> = everything
+        .iter()
+        .filter(|e| e["session"] == b.as_str())
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    let got_b: Vec<u64> = collect_until(&mut only_b, want_b.len())
+        .await
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(got_b, want_b);
 
     let want_state: Vec<u64> = everything
@@ -66,7 +101,11 @@ async fn replay_then_live_without_gap_or_duplicate_and_filtered() {
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(want_state.len(), 2, "running, exited");
-    let got: Vec<u64> = collect_until(&mut only_state, 2).await.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    let got: Vec<u64> = collect_until(&mut only_state, 2)
+        .await
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
     assert_eq!(got, want_state);
 
     // Nothing more arrives on the filtered streams: the next event of
@@ -75,8 +114,15 @@ async fn replay_then_live_without_gap_or_duplicate_and_filtered() {
     let d = v.start_pty(&["sh", "-c", "true"], json!({})).await;
     let next = next_json(&mut all).await;
     assert_eq!(next["session"], d.as_str());
-    let quiet = tokio::time::timeout(std::time::Duration::from_millis(300), next_json_opt(&mut only_b)).await;
-    assert!(quiet.is_err(), "a filtered stream got another session's event: {quiet:?}");
+    let quiet = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        next_json_opt(&mut only_b),
+    )
+    .await;
+    assert!(
+        quiet.is_err(),
+        "a filtered stream got another session's event: {quiet:?}"
+    );
 
     // Bad filters are refused before the upgrade.
     let (st, e) = v.req("GET", "/v1/events?after=x", None).await;
@@ -87,7 +133,9 @@ async fn next_json_opt(ws: &mut Ws) -> Option<Value> {
     use futures_util::StreamExt;
     loop {
         match ws.next().await? {
-            Ok(tokio_tungstenite::tungstenite::Message::Text(t)) => return serde_json::from_str(&t).ok(),
+            Ok(tokio_tungstenite::tungstenite::Message::Text(t)) => {
+                return serde_json::from_str(&t).ok()
+            }
             Ok(_) => {}
             Err(_) => return None,
         }
@@ -100,11 +148,22 @@ async fn a_client_that_never_reads_does_not_block_sessions() {
     // Subscribe and never read.
     let _stuck = v.ws("/v1/events?after=0").await;
     // A flood of output and many events meanwhile.
-    let id = v.start_pty(&["sh", "-c", "yes visor | head -c 5000000; echo done"], json!({})).await;
-    v.until(&format!("/v1/sessions/{id}"), "exited", |s| s["state"] == "exited").await;
+    let id = v
+        .start_pty(
+            &["sh", "-c", "yes visor | head -c 5000000; echo done"],
+            json!({}),
+        )
+        .await;
+    v.until(&format!("/v1/sessions/{id}"), "exited", |s| {
+        s["state"] == "exited"
+    })
+    .await;
     for _ in 0..20 {
         let s = v.start_pty(&["true"], json!({})).await;
-        v.until(&format!("/v1/sessions/{s}"), "exited", |s| s["state"] == "exited").await;
+        v.until(&format!("/v1/sessions/{s}"), "exited", |s| {
+            s["state"] == "exited"
+        })
+        .await;
     }
     // A client that keeps up still gets everything.
     let latest = v.ok("GET", "/v1/info", None).await["seq"].as_u64().unwrap();

@@ -108,7 +108,10 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 if json {
                     println!("{v}");
                 } else {
-                    println!("{:<16} {:<9} {:<8} {:>7}  TITLE", "ID", "STATE", "KIND", "PID");
+                    println!(
+                        "{:<16} {:<9} {:<8} {:>7}  TITLE",
+                        "ID", "STATE", "KIND", "PID"
+                    );
                     for s in v["sessions"].as_array().into_iter().flatten() {
                         println!(
                             "{:<16} {:<9} {:<8} {:>7}  {}",
@@ -175,18 +178,20 @@ pub async fn run(args: VisorArgs) -> ExitCode {
         }
         VisorCommand::Stop { session } => {
             let path = format!("/v1/sessions/{}/stop", enc(&session));
-            client::request(&socket, "POST", &path, None).await.map(|v| {
-                if json {
-                    println!("{v}");
-                } else {
-                    println!(
-                        "{} {} (exit code {})",
-                        v["id"].as_str().unwrap_or(""),
-                        v["state"].as_str().unwrap_or(""),
-                        v["exitCode"]
-                    );
-                }
-            })
+            client::request(&socket, "POST", &path, None)
+                .await
+                .map(|v| {
+                    if json {
+                        println!("{v}");
+                    } else {
+                        println!(
+                            "{} {} (exit code {})",
+                            v["id"].as_str().unwrap_or(""),
+                            v["state"].as_str().unwrap_or(""),
+                            v["exitCode"]
+                        );
+                    }
+                })
         }
         VisorCommand::Purge { session } => {
             let body = json!({"session": session});
@@ -260,7 +265,10 @@ async fn events(
 async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
     let stop = async {
         use tokio::signal::unix::{signal, SignalKind};
-        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
                     _ = term.recv() => {}

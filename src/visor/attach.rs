@@ -25,11 +25,7 @@ use std::time::Duration;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::Message;
 
-pub async fn attach(
-    State(v): State<Arc<Visor>>,
-    Path(id): Path<String>,
-    req: Request,
-) -> Response {
+pub async fn attach(State(v): State<Arc<Visor>>, Path(id): Path<String>, req: Request) -> Response {
     match prepare(&v, &id, &req) {
         Ok((d, after, view)) => {
             let visor = v.clone();
@@ -41,7 +37,11 @@ pub async fn attach(
     }
 }
 
-fn prepare(v: &Visor, id: &str, req: &Request) -> Result<(Arc<SessionData>, Option<u64>, String), VisorError> {
+fn prepare(
+    v: &Visor,
+    id: &str,
+    req: &Request,
+) -> Result<(Arc<SessionData>, Option<u64>, String), VisorError> {
     let d = v.session(id)?;
     let q = query(req.uri())?;
     let after = query_u64(&q, "after")?;
@@ -51,7 +51,11 @@ fn prepare(v: &Visor, id: &str, req: &Request) -> Result<(Arc<SessionData>, Opti
         .unwrap_or_else(|| "terminal".into());
     match view.as_str() {
         "terminal" if d.checked.spec.kind == Kind::Pty => {}
-        "terminal" => return Err(VisorError::Invalid("only pty sessions have a terminal view".into())),
+        "terminal" => {
+            return Err(VisorError::Invalid(
+                "only pty sessions have a terminal view".into(),
+            ))
+        }
         "chat" => {
             return Err(VisorError::Unsupported(
                 "the chat view needs a wire session, which this visor does not offer yet".into(),
@@ -163,7 +167,11 @@ impl Attached {
                 .map_err(|_| Gone)?;
             let ended = *ended_rx.borrow_and_update();
             if let Some(code) = ended {
-                put(sink, text(json!({"type": "ended", "reason": "exited", "exitCode": code}))).await?;
+                put(
+                    sink,
+                    text(json!({"type": "ended", "reason": "exited", "exitCode": code})),
+                )
+                .await?;
                 return Ok(());
             }
             tokio::select! {
@@ -214,20 +222,33 @@ impl Attached {
         };
         match actor.call(f, Some(Duration::from_secs(20))).await {
             Ok(ractor::rpc::CallResult::Success(Ok(()))) => None,
-            Ok(ractor::rpc::CallResult::Success(Err(VisorError::State(m)))) if m == "not_writer" => {
-                Some(error_frame("not_writer", "this client does not hold the writer lease"))
+            Ok(ractor::rpc::CallResult::Success(Err(VisorError::State(m))))
+                if m == "not_writer" =>
+            {
+                Some(error_frame(
+                    "not_writer",
+                    "this client does not hold the writer lease",
+                ))
             }
-            Ok(ractor::rpc::CallResult::Success(Err(e))) => Some(error_frame(e.code(), e.to_string())),
+            Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                Some(error_frame(e.code(), e.to_string()))
+            }
             _ => Some(error_frame("state", "the session's program has ended")),
         }
     }
 
     async fn input(&self, data: Bytes) -> Option<Message> {
         if data.len() > MAX_KEYS {
-            return Some(error_frame("invalid", format!("input is limited to {MAX_KEYS} bytes")));
+            return Some(error_frame(
+                "invalid",
+                format!("input is limited to {MAX_KEYS} bytes"),
+            ));
         }
         if !self.data.lease().may_write(self.client) {
-            return Some(error_frame("not_writer", "this client does not hold the writer lease"));
+            return Some(error_frame(
+                "not_writer",
+                "this client does not hold the writer lease",
+            ));
         }
         let w = Writer::Client(self.client);
         self.call(|r| SessionMsg::Write(data, w, Some(r))).await
@@ -259,8 +280,13 @@ impl Attached {
                         .map(|n| n as u16)
                 };
                 match (dim("cols"), dim("rows")) {
-                    (Some(c), Some(r)) => self.call(|reply| SessionMsg::Resize(c, r, w, reply)).await,
-                    _ => Some(error_frame("invalid", "resize needs cols and rows in 1..=1000")),
+                    (Some(c), Some(r)) => {
+                        self.call(|reply| SessionMsg::Resize(c, r, w, reply)).await
+                    }
+                    _ => Some(error_frame(
+                        "invalid",
+                        "resize needs cols and rows in 1..=1000",
+                    )),
                 }
             }
             "ack" => None,
@@ -269,12 +295,19 @@ impl Attached {
                 Some(s) if s.len() <= MAX_TEXT => {
                     let mut b = s.as_bytes().to_vec();
                     b.push(b'\r');
-                    self.call(|r| SessionMsg::Write(Bytes::from(b), w, Some(r))).await
+                    self.call(|r| SessionMsg::Write(Bytes::from(b), w, Some(r)))
+                        .await
                 }
-                Some(_) => Some(error_frame("invalid", format!("text is limited to {MAX_TEXT} bytes"))),
+                Some(_) => Some(error_frame(
+                    "invalid",
+                    format!("text is limited to {MAX_TEXT} bytes"),
+                )),
                 None => Some(error_frame("invalid", "send needs text")),
             },
-            other => Some(error_frame("invalid", format!("unknown frame type {other:?}"))),
+            other => Some(error_frame(
+                "invalid",
+                format!("unknown frame type {other:?}"),
+            )),
         }
     }
 }

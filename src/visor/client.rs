@@ -100,7 +100,10 @@ pub async fn raw(
         s.write_all(head.as_bytes()).await?;
         s.write_all(body.as_bytes()).await?;
         let mut buf = Vec::new();
-        (&mut s).take(MAX_RESPONSE as u64).read_to_end(&mut buf).await?;
+        (&mut s)
+            .take(MAX_RESPONSE as u64)
+            .read_to_end(&mut buf)
+            .await?;
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut resp = httparse::Response::new(&mut headers);
         let n = match resp.parse(&buf) {

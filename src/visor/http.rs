@@ -39,9 +39,19 @@ const CALL_MS: u64 = 20_000;
 type Visor_ = State<Arc<Visor>>;
 type ApiResult = Result<Response, VisorError>;
 
+/// Set to `1` in the daemon's environment to offer the test hooks (a
+/// route that makes a session actor panic); never on by default.
+pub const TEST_HOOKS_ENV: &str = "BMX_VISOR_TEST_HOOKS";
+
 pub fn router(visor: Arc<Visor>) -> Router {
-    Router::new()
-        .route("/v1/hello", post(hello))
+    let hooks = std::env::var(TEST_HOOKS_ENV).is_ok_and(|v| v == "1");
+    let r = Router::new();
+    let r = if hooks {
+        r.route("/v1/sessions/{id}/debug/panic", post(panic_hook))
+    } else {
+        r
+    };
+    r.route("/v1/hello", post(hello))
         .route("/v1/info", get(info))
         .route("/v1/sessions", get(list).post(start))
         .route("/v1/sessions/{id}", get(get_one))
@@ -67,6 +77,16 @@ pub fn router(visor: Arc<Visor>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .with_state(visor)
+}
+
+/// Test hook: make the session's current run panic in its handler.
+async fn panic_hook(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
+    let actor = v
+        .session(&id)?
+        .actor()
+        .ok_or_else(|| VisorError::State("the session is not running".into()))?;
+    let _ = actor.send_message(SessionMsg::Panic);
+    Ok(Json(json!({"accepted": true})).into_response())
 }
 
 async fn not_found() -> VisorError {
@@ -197,7 +217,8 @@ async fn list(State(v): Visor_, req: Request) -> ApiResult {
         .into_iter()
         .flatten()
         .map(|s| {
-            SessionState::parse(s).ok_or_else(|| VisorError::Invalid(format!("unknown state {s:?}")))
+            SessionState::parse(s)
+                .ok_or_else(|| VisorError::Invalid(format!("unknown state {s:?}")))
         })
         .collect::<Result<_, _>>()?;
     let want = |name: &str, value: Option<&str>| {
@@ -231,7 +252,7 @@ async fn start(State(v): Visor_, req: Request) -> ApiResult {
     let owner = v
         .owner()
         .ok_or_else(|| VisorError::Closed("the sessions owner is restarting".into()))?;
-    let view = ractor::call_t!(owner, SessionsMsg::Start, CALL_MS, checked)
+    let view = ractor::call_t!(owner, SessionsMsg::Start, CALL_MS, Box::new(checked))
         .map_err(|_| VisorError::Closed("the sessions owner is gone".into()))??;
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
@@ -331,15 +352,22 @@ struct Keys {
 async fn keys(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let k: Keys = json_body(req).await?;
     if k.data.len() > MAX_KEYS / 3 * 4 + 4 {
-        return Err(VisorError::Invalid(format!("keys are limited to {MAX_KEYS} bytes")));
+        return Err(VisorError::Invalid(format!(
+            "keys are limited to {MAX_KEYS} bytes"
+        )));
     }
     let bytes = base64_simd::STANDARD
         .decode_to_vec(k.data.as_bytes())
         .map_err(|_| VisorError::Invalid("data is not base64".into()))?;
     if bytes.len() > MAX_KEYS {
-        return Err(VisorError::Invalid(format!("keys are limited to {MAX_KEYS} bytes")));
+        return Err(VisorError::Invalid(format!(
+            "keys are limited to {MAX_KEYS} bytes"
+        )));
     }
-    to_run(&v, &id, |r| SessionMsg::Write(Bytes::from(bytes), Writer::Api, Some(r))).await?;
+    to_run(&v, &id, |r| {
+        SessionMsg::Write(Bytes::from(bytes), Writer::Api, Some(r))
+    })
+    .await?;
     Ok(Json(json!({"accepted": true})).into_response())
 }
 
@@ -353,7 +381,9 @@ struct Text {
 
 fn check_text(t: &Text) -> Result<(), VisorError> {
     if t.text.len() > MAX_TEXT {
-        return Err(VisorError::Invalid(format!("text is limited to {MAX_TEXT} bytes")));
+        return Err(VisorError::Invalid(format!(
+            "text is limited to {MAX_TEXT} bytes"
+        )));
     }
     Ok(())
 }
@@ -372,7 +402,10 @@ async fn send(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResu
     check_text(&t)?;
     let mut b = t.text.into_bytes();
     b.push(b'\r');
-    to_run(&v, &id, |r| SessionMsg::Write(Bytes::from(b), Writer::Api, Some(r))).await?;
+    to_run(&v, &id, |r| {
+        SessionMsg::Write(Bytes::from(b), Writer::Api, Some(r))
+    })
+    .await?;
     Ok(Json(json!({"delivery": "prompted"})).into_response())
 }
 
@@ -394,7 +427,10 @@ pub fn check_size(s: &Size) -> Result<(), VisorError> {
 async fn resize(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let s: Size = json_body(req).await?;
     check_size(&s)?;
-    to_run(&v, &id, |r| SessionMsg::Resize(s.cols, s.rows, Writer::Api, r)).await?;
+    to_run(&v, &id, |r| {
+        SessionMsg::Resize(s.cols, s.rows, Writer::Api, r)
+    })
+    .await?;
     Ok(Json(json!({"cols": s.cols, "rows": s.rows})).into_response())
 }
 
@@ -420,7 +456,10 @@ async fn answer(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiRe
     let d = v.session(&id)?;
     let a: Answer = json_body(req).await?;
     let _ = d;
-    Err(VisorError::NotFound(format!("no pending request {:?}", a.request_id)))
+    Err(VisorError::NotFound(format!(
+        "no pending request {:?}",
+        a.request_id
+    )))
 }
 
 async fn stop(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
@@ -469,7 +508,9 @@ async fn purge(State(v): Visor_, req: Request) -> ApiResult {
     if let Some(id) = &p.session {
         let d = v.session(id)?;
         if d.state().live() {
-            return Err(VisorError::State(format!("session {id} is live; stop it first")));
+            return Err(VisorError::State(format!(
+                "session {id} is live; stop it first"
+            )));
         }
     }
     let matched: Vec<_> = v
@@ -519,9 +560,12 @@ where
             Ok(upgraded) => {
                 let io = hyper_util::rt::TokioIo::new(upgraded);
                 let config = crate::wire::transport::ws_config(MAX_BODY);
-                let ws =
-                    tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, Some(config))
-                        .await;
+                let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                    io,
+                    Role::Server,
+                    Some(config),
+                )
+                .await;
                 run(ws).await;
             }
             Err(e) => tracing::debug!(error = %e, "visor upgrade failed"),
@@ -565,7 +609,9 @@ async fn events(State(v): Visor_, req: Request) -> ApiResult {
         types: list("types"),
     };
     let visor = v.clone();
-    Ok(upgrade(req, move |ws| stream_events(visor, ws, filter, after)))
+    Ok(upgrade(req, move |ws| {
+        stream_events(visor, ws, filter, after)
+    }))
 }
 
 async fn stream_events(v: Arc<Visor>, ws: WsStream, filter: Filter, after: u64) {
@@ -615,7 +661,10 @@ mod tests {
             .unwrap();
         let q = query(&uri).unwrap();
         assert_eq!(q["types"], vec!["a", "b"]);
-        assert_eq!(labels(&q).unwrap(), vec![("k".into(), "v".into()), ("x".into(), "y".into())]);
+        assert_eq!(
+            labels(&q).unwrap(),
+            vec![("k".into(), "v".into()), ("x".into(), "y".into())]
+        );
         assert_eq!(query_u64(&q, "after").unwrap(), Some(3));
         let bad: http::Uri = "/x?after=-1".parse().unwrap();
         assert!(query_u64(&query(&bad).unwrap(), "after").is_err());

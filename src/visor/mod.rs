@@ -205,11 +205,15 @@ pub async fn serve(
     visor.shutdown.cancel();
     let _ = root
         .get_cell()
-        .stop_and_wait(Some(crate::supervisor::SHUTDOWN.into()), Some(Duration::from_secs(30)))
+        .stop_and_wait(
+            Some(crate::supervisor::SHUTDOWN.into()),
+            Some(Duration::from_secs(30)),
+        )
         .await;
     // Anything tagged by this visor that survived its session.
     let scope = visor.scope_prefix();
-    let _ = tokio::task::spawn_blocking(move || crate::process::sys::kill_scope(None, &scope)).await;
+    let _ =
+        tokio::task::spawn_blocking(move || crate::process::sys::kill_scope(None, &scope)).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = std::fs::remove_file(&socket);
     Ok(())

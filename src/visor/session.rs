@@ -282,8 +282,7 @@ pub enum SessionMsg {
     Stop(Reply),
     /// The stop grace passed.
     Escalate,
-    /// Test hook: panic in the handler.
-    #[doc(hidden)]
+    /// Test hook (`BMX_VISOR_TEST_HOOKS=1`): panic in the handler.
     Panic,
 }
 
@@ -456,7 +455,10 @@ impl Actor for SessionActor {
         }
         // Stopped from outside (the visor shutting down, the session
         // terminated while running): the tree goes with it.
-        if matches!(run.data.state(), State::Starting | State::Running | State::Idle | State::Waiting | State::Suspended) {
+        if matches!(
+            run.data.state(),
+            State::Starting | State::Running | State::Idle | State::Waiting | State::Suspended
+        ) {
             run.data.kill_tree().await;
             let _ = run.data.apply(Input::Stop);
         }
@@ -535,7 +537,9 @@ impl Actor for SessionActor {
             SessionMsg::Escalate => {
                 if run.data.state().live() {
                     let (pid, scope) = (run.pid as i32, run.data.scope.clone());
-                    tokio::task::spawn_blocking(move || sys::kill_tree(Some(pid), Some(pid), &scope));
+                    tokio::task::spawn_blocking(move || {
+                        sys::kill_tree(Some(pid), Some(pid), &scope)
+                    });
                 }
             }
             SessionMsg::Panic => panic!("injected panic (test hook)"),

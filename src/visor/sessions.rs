@@ -28,7 +28,7 @@ pub const RESTART_INTENSITY: Intensity = Intensity {
 pub const MAX_SESSIONS: usize = 256;
 
 pub enum SessionsMsg {
-    Start(Checked, RpcReplyPort<Result<SessionView, VisorError>>),
+    Start(Box<Checked>, RpcReplyPort<Result<SessionView, VisorError>>),
     /// End a session that has no running actor (between two runs).
     StopIdle(String, RpcReplyPort<Result<(), VisorError>>),
     /// A run ended (from the dynamic supervisor).
@@ -81,7 +81,7 @@ impl Actor for Sessions {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SessionsMsg::Start(checked, reply) => {
-                let _ = reply.send(state.start(checked).await);
+                let _ = reply.send(state.start(*checked).await);
             }
             SessionsMsg::StopIdle(id, reply) => {
                 let r = match state.visor.sessions.get(&id).map(|d| d.clone()) {

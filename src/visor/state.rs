@@ -317,14 +317,27 @@ mod tests {
     #[test]
     fn send_deliveries() {
         let mut m = Machine::new(Duration::ZERO);
-        let held = m.apply(Input::Send { can_steer: true }, Duration::ZERO).unwrap();
+        let held = m
+            .apply(Input::Send { can_steer: true }, Duration::ZERO)
+            .unwrap();
         assert_eq!(held.delivery, Some(Delivery::Held));
-        m.apply(Input::Started { idle: true }, Duration::ZERO).unwrap();
-        let p = m.apply(Input::Send { can_steer: false }, Duration::ZERO).unwrap();
-        assert_eq!((p.delivery, p.moves), (Some(Delivery::Prompted), vec![State::Running]));
-        let s = m.apply(Input::Send { can_steer: true }, Duration::ZERO).unwrap();
+        m.apply(Input::Started { idle: true }, Duration::ZERO)
+            .unwrap();
+        let p = m
+            .apply(Input::Send { can_steer: false }, Duration::ZERO)
+            .unwrap();
+        assert_eq!(
+            (p.delivery, p.moves),
+            (Some(Delivery::Prompted), vec![State::Running])
+        );
+        let s = m
+            .apply(Input::Send { can_steer: true }, Duration::ZERO)
+            .unwrap();
         assert_eq!(s.delivery, Some(Delivery::Steered));
         m.apply(Input::Stop, Duration::ZERO).unwrap();
-        assert_eq!(m.apply(Input::Stop, Duration::ZERO), Err(Refused::State("exited")));
+        assert_eq!(
+            m.apply(Input::Stop, Duration::ZERO),
+            Err(Refused::State("exited"))
+        );
     }
 }

@@ -140,7 +140,9 @@ impl StartSpec {
             _ => {}
         }
         if self.kind == Kind::Observed {
-            return Err(invalid("observed sessions are created by hooks, not started"));
+            return Err(invalid(
+                "observed sessions are created by hooks, not started",
+            ));
         }
         if self.kind == Kind::Wire {
             return Err(VisorError::Unsupported(
@@ -183,10 +185,9 @@ impl StartSpec {
             return Err(invalid(format!("title is limited to {MAX_TITLE} bytes")));
         }
         if self.labels.len() > MAX_LABELS
-            || self
-                .labels
-                .iter()
-                .any(|(k, v)| k.is_empty() || k.len() + v.len() > MAX_LABEL_BYTES || k.contains('='))
+            || self.labels.iter().any(|(k, v)| {
+                k.is_empty() || k.len() + v.len() > MAX_LABEL_BYTES || k.contains('=')
+            })
         {
             return Err(invalid(format!(
                 "at most {MAX_LABELS} labels, each a non-empty key without '=' and at most {MAX_LABEL_BYTES} bytes"

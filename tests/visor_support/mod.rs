@@ -64,7 +64,13 @@ impl Visor {
     }
 
     pub async fn req(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        http(&self.socket(), method, path, body.map(|b| b.to_string()).as_deref()).await
+        http(
+            &self.socket(),
+            method,
+            path,
+            body.map(|b| b.to_string()).as_deref(),
+        )
+        .await
     }
 
     pub async fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
@@ -90,12 +96,18 @@ impl Visor {
 
     pub async fn keys(&self, id: &str, text: &str) {
         let data = base64_simd::STANDARD.encode_to_string(text.as_bytes());
-        self.ok("POST", &format!("/v1/sessions/{id}/keys"), Some(json!({"data": data})))
-            .await;
+        self.ok(
+            "POST",
+            &format!("/v1/sessions/{id}/keys"),
+            Some(json!({"data": data})),
+        )
+        .await;
     }
 
     pub async fn screen_text(&self, id: &str) -> String {
-        let v = self.ok("GET", &format!("/v1/sessions/{id}/screen"), None).await;
+        let v = self
+            .ok("GET", &format!("/v1/sessions/{id}/screen"), None)
+            .await;
         v["lines"]
             .as_array()
             .unwrap()
@@ -106,7 +118,9 @@ impl Visor {
     }
 
     pub async fn output(&self, id: &str) -> String {
-        let v = self.ok("GET", &format!("/v1/sessions/{id}/output"), None).await;
+        let v = self
+            .ok("GET", &format!("/v1/sessions/{id}/output"), None)
+            .await;
         v["text"].as_str().unwrap().to_owned()
     }
 
@@ -167,7 +181,10 @@ pub async fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -
     let deadline = Instant::now() + WAIT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, s.read(&mut chunk)).await.expect("response in time") {
+        match tokio::time::timeout(left, s.read(&mut chunk))
+            .await
+            .expect("response in time")
+        {
             Ok(0) | Err(_) => break,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
@@ -175,7 +192,10 @@ pub async fn http(socket: &Path, method: &str, path: &str, body: Option<&str>) -
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, rest) = text.split_once("\r\n\r\n").expect("a response head");
     let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = String::new();
         let mut r = rest;
         loop {
@@ -216,7 +236,12 @@ pub async fn next_json(ws: &mut Ws) -> Value {
 
 /// Read frames until a text frame satisfies `cond`; binary payloads are
 /// appended to `out` (data after the 9-byte header).
-pub async fn until_json(ws: &mut Ws, out: &mut Vec<u8>, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+pub async fn until_json(
+    ws: &mut Ws,
+    out: &mut Vec<u8>,
+    what: &str,
+    cond: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -242,7 +267,10 @@ pub async fn until_output(ws: &mut Ws, out: &mut Vec<u8>, needle: &str) {
         match tokio::time::timeout(left, ws.next()).await {
             Ok(Some(Ok(Message::Binary(b)))) => out.extend_from_slice(&b[9.min(b.len())..]),
             Ok(Some(Ok(_))) => {}
-            other => panic!("{needle:?} not seen ({other:?}); got {:?}", String::from_utf8_lossy(out)),
+            other => panic!(
+                "{needle:?} not seen ({other:?}); got {:?}",
+                String::from_utf8_lossy(out)
+            ),
         }
     }
 }
@@ -263,7 +291,10 @@ pub fn session_pids(id: &str) -> Vec<i32> {
             continue;
         };
         let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+            .map(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
             .unwrap_or(true);
         if !zombie && env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
             out.push(pid);
