@@ -68,6 +68,9 @@ pub enum VisorCommand {
         #[arg(long)]
         types: Option<String>,
     },
+    /// Attach this terminal to a PTY session and take its writer lease;
+    /// detach with Ctrl-P Ctrl-Q (the session keeps running).
+    Attach { session: String },
     /// Remove exited sessions and their events.
     Purge {
         #[arg(long)]
@@ -207,6 +210,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                     }
                 })
         }
+        VisorCommand::Attach { session } => return attach(&socket, &session).await,
         VisorCommand::Events {
             after,
             session,
@@ -285,4 +289,153 @@ async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The local tty in raw mode; restored when dropped.
+struct RawMode {
+    saved: nix::sys::termios::Termios,
+}
+
+impl RawMode {
+    fn enter() -> Option<RawMode> {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let saved = tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        tcsetattr(&stdin, SetArg::TCSANOW, &raw).ok()?;
+        Some(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        use nix::sys::termios::{tcsetattr, SetArg};
+        let _ = tcsetattr(std::io::stdin(), SetArg::TCSANOW, &self.saved);
+    }
+}
+
+fn tty_size() -> Option<(u16, u16)> {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes a winsize into the pointer we pass.
+    let r = unsafe { libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0).then_some((ws.ws_col, ws.ws_row))
+}
+
+/// Stdin on a thread of its own (a blocking read in tokio's pool would
+/// hold the runtime at exit); it polls so it notices `stop`.
+fn stdin_reader(
+    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::os::fd::AsRawFd;
+    std::thread::spawn(move || {
+        let fd = std::io::stdin().as_raw_fd();
+        let mut buf = [0u8; 4096];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, 100) };
+            if r <= 0 {
+                if r < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    break;
+                }
+                continue;
+            }
+            // SAFETY: reads into our buffer, at most its length.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 || tx.blocking_send(buf[..n as usize].to_vec()).is_err() {
+                break;
+            }
+        }
+    })
+}
+
+/// `bmx visor attach`: snapshot and output to stdout, keys (after taking
+/// the writer lease) to the session; Ctrl-P Ctrl-Q detaches.
+async fn attach(socket: &std::path::Path, session: &str) -> ExitCode {
+    use futures_util::SinkExt;
+    use std::io::Write;
+    let path = format!("/v1/sessions/{}/attach", enc(session));
+    let mut ws = match client::websocket(socket, &path).await {
+        Ok(ws) => ws,
+        Err(e) => return fail(e),
+    };
+    let control = json!({"type": "control"}).to_string();
+    if ws.send(Message::Text(control.into())).await.is_err() {
+        eprintln!("bmx visor: the visor closed the stream");
+        return ExitCode::from(1);
+    }
+    if let Some((cols, rows)) = tty_size() {
+        let r = json!({"type": "resize", "cols": cols, "rows": rows}).to_string();
+        let _ = ws.send(Message::Text(r.into())).await;
+    }
+    let raw = RawMode::enter();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = stdin_reader(tx, stop.clone());
+    let mut detach = super::attach::DetachMatcher::new(vec![0x10, 0x11]);
+    let mut code = ExitCode::SUCCESS;
+    let mut note = String::new();
+    loop {
+        tokio::select! {
+            m = ws.next() => match m {
+                Some(Ok(Message::Binary(b))) if b.len() >= 9 => {
+                    let mut out = std::io::stdout();
+                    let _ = out.write_all(&b[9..]);
+                    let _ = out.flush();
+                }
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+                    match v["type"].as_str() {
+                        Some("ended") => {
+                            note = format!("session ended ({})", v["reason"].as_str().unwrap_or(""));
+                            let c = v["exitCode"].as_i64().unwrap_or(0).clamp(0, 255) as u8;
+                            code = ExitCode::from(c);
+                            break;
+                        }
+                        Some("lease") if v["holder"] == "other" => {
+                            note = "another client took the writer lease".into();
+                        }
+                        Some("error") => note = format!("{}: {}", v["code"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or("")),
+                        _ => {}
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                    note = "the visor closed the stream".into();
+                    code = ExitCode::from(1);
+                    break;
+                }
+                Some(Ok(_)) => {}
+            },
+            keys = rx.recv() => {
+                let Some(keys) = keys else { break };
+                let (send, detached) = detach.feed(&keys);
+                if !send.is_empty() {
+                    let f = bmx::terminal::frame::frame(bmx::terminal::frame::OP_INPUT, 0, &send);
+                    if ws.send(Message::Binary(f)).await.is_err() {
+                        break;
+                    }
+                }
+                if detached {
+                    note = "detached".into();
+                    break;
+                }
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.join();
+    drop(raw);
+    let _ = ws.close(None).await;
+    if !note.is_empty() {
+        eprintln!("\r\nbmx visor: {note}");
+    }
+    code
 }
