@@ -26,4 +26,5 @@ pub mod process;
 pub mod supervisor;
 pub mod terminal;
 pub mod tools;
+pub mod visor;
 pub mod wire;

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod executor;
 pub mod harness;
 pub mod run;
+pub mod visor;
 
 /// bmx: an actor-model runtime for the executor protocol.
 ///
@@ -54,6 +55,9 @@ pub enum Command {
     /// Benchmarks (baseline and bmx measured in one run).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The local supervisor of agent and shell sessions: serve (no
+    /// subcommand), or list, start, drive and stop its sessions.
+    Visor(visor::VisorArgs),
 }
 
 /// Install the tracing subscriber: stderr, `RUST_LOG`-style filter
@@ -80,6 +84,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             // Log lines would land in the middle of the remote screen.
             Command::Bench(_) | Command::Attach(_) | Command::Run(_) => "warn",
+            Command::Visor(ref v) if v.command.is_some() => "warn",
             _ => "info",
         },
         cli.log_format,
@@ -104,6 +109,7 @@ pub fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Attach(args) => attach::run(args).await,
             Command::Bench(cmd) => bench::run(cmd).await,
+            Command::Visor(args) => visor::run(args).await,
         }
     })
 }

@@ -15,6 +15,9 @@ use ractor::{ActorCell, ActorId, SupervisionEvent};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// Most exits of unknown actors remembered (see `Children::early`).
+const MAX_EARLY_EXITS: usize = 1024;
+
 struct Child {
     spec: ChildSpec,
     cell: Option<ActorCell>,
@@ -49,6 +52,11 @@ pub struct Children {
     max_children: Option<usize>,
     children: HashMap<String, Child>,
     by_actor: HashMap<ActorId, String>,
+    /// Exits of actors not (yet) known: a restarted child that ends before
+    /// the supervisor has taken in its `Restarted` message (supervision
+    /// events overtake ordinary messages in ractor). Kept until the restart
+    /// result arrives; bounded by [`MAX_EARLY_EXITS`].
+    early: HashMap<ActorId, Exit>,
     origin: Instant,
 }
 
@@ -60,6 +68,7 @@ impl Children {
             max_children: max,
             children: HashMap::new(),
             by_actor: HashMap::new(),
+            early: HashMap::new(),
             origin: Instant::now(),
         }
     }
@@ -144,6 +153,21 @@ impl Children {
             SupervisionEvent::ActorFailed(cell, err) => (cell, Exit::Abnormal(err.to_string())),
             _ => return None,
         };
+        let Some(id) = self.by_actor.remove(&cell.get_id()) else {
+            if self.early.len() >= MAX_EARLY_EXITS {
+                self.early.clear();
+            }
+            self.early.insert(cell.get_id(), exit);
+            return None;
+        };
+        Some(self.exited(id, exit))
+    }
+
+    /// A child just registered by [`Children::restarted`] that had already
+    /// ended: decide about that exit now. Call after every restart result
+    /// (a stale one only forgets the entry).
+    pub fn early_exit(&mut self, cell: &ActorCell) -> Option<Decision> {
+        let exit = self.early.remove(&cell.get_id())?;
         let id = self.by_actor.remove(&cell.get_id())?;
         Some(self.exited(id, exit))
     }
@@ -238,6 +262,7 @@ impl Children {
     /// forget them (their exits are ours, not failures to react to).
     pub async fn stop_all(&mut self) {
         self.by_actor.clear();
+        self.early.clear();
         let stops = self.children.drain().filter_map(|(_, c)| {
             let timeout = c.spec.shutdown;
             c.cell

@@ -289,9 +289,14 @@ impl Actor for DynamicSupervisor {
                 Ok(cell) => {
                     if state.children.restarted(&id, generation, &cell) {
                         if let Some(f) = &state.on_restart {
-                            f(&id, cell);
+                            f(&id, cell.clone());
+                        }
+                        // It may have ended before we knew it.
+                        if let Some(decision) = state.children.early_exit(&cell) {
+                            return state.decide(&myself, decision).await;
                         }
                     } else {
+                        let _ = state.children.early_exit(&cell);
                         cell.stop(Some(super::policy::SHUTDOWN.into()));
                     }
                 }

@@ -308,3 +308,45 @@ async fn a_restart_waits_for_its_backoff_on_the_paused_clock() {
     assert_eq!(heard.restarts.lock().unwrap().as_slice(), ["a".to_owned()]);
     owner.stop(None);
 }
+
+/// A child that ends (abnormally) as soon as it has started.
+#[derive(Clone)]
+struct Quitter;
+
+impl Actor for Quitter {
+    type Msg = ();
+    type State = ();
+    type Arguments = ();
+
+    async fn pre_start(&self, _: ActorRef<()>, _: ()) -> Result<(), ActorProcessingErr> {
+        Ok(())
+    }
+
+    async fn post_start(&self, me: ActorRef<()>, _: &mut ()) -> Result<(), ActorProcessingErr> {
+        me.stop(Some("lost: quit at once".into()));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_child_that_ends_at_once_is_still_seen_ending() {
+    // Its exit can overtake the supervisor's own `Restarted` message; each
+    // one must still count, until the budget is spent.
+    for _ in 0..20 {
+        let (owner, sup, heard) = setup(DynamicSpec::new("t")).await;
+        let budget = Intensity {
+            max_restarts: 3,
+            period: Duration::from_secs(60),
+        };
+        let spec = ChildSpec::restartable("q", Restart::Transient, Quitter, ()).budget(budget);
+        start_child(&sup, spec).await.unwrap();
+        eventually(|| heard.exits().len() == 4).await;
+        let exits = heard.exits();
+        assert_eq!(
+            exits.iter().map(|e| e.restarting).collect::<Vec<_>>(),
+            vec![true, true, true, false]
+        );
+        assert!(children(&sup).await.is_empty());
+        owner.stop(None);
+    }
+}

@@ -1,0 +1,441 @@
+//! `bmx visor`: serve (no subcommand), or a client of a running visor's
+//! socket (`ls`, `start`, `send`, `screen`, `stop`, `events`, `purge`),
+//! with human output or `--json`.
+
+use bmx::visor::client::{self, ClientError};
+use bmx::visor::{home_dir, socket_path};
+use clap::{Args, Subcommand};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio_tungstenite::tungstenite::Message;
+
+/// Run the local supervisor of agent and shell sessions, or talk to it.
+#[derive(Debug, Args)]
+pub struct VisorArgs {
+    /// The visor's home (lock, socket): else $BMX_HOME, else ~/.bmx.
+    #[arg(long, global = true)]
+    pub home: Option<PathBuf>,
+    /// The socket (default <home>/visor.sock).
+    #[arg(long, global = true)]
+    pub socket: Option<PathBuf>,
+    /// Machine-readable output (one JSON document, or one per line for
+    /// `events`).
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Option<VisorCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VisorCommand {
+    /// List sessions.
+    Ls {
+        /// Only these states (comma-separated).
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Start a PTY session running COMMAND.
+    Start {
+        #[arg(long)]
+        title: Option<String>,
+        /// Restart policy: none or notify.
+        #[arg(long, default_value = "none")]
+        restart: String,
+        /// Working directory (absolute).
+        #[arg(long)]
+        cwd: Option<PathBuf>,
+        /// Labels, `k=v` (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        #[arg(required = true, trailing_var_arg = true)]
+        command: Vec<String>,
+    },
+    /// Type TEXT and Enter into a session.
+    Send { session: String, text: String },
+    /// Print a session's screen.
+    Screen { session: String },
+    /// Stop a session (its whole process tree).
+    Stop { session: String },
+    /// Stream events (replay from --after, then live) until interrupted.
+    Events {
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[arg(long)]
+        session: Option<String>,
+        /// Only these event types (comma-separated).
+        #[arg(long)]
+        types: Option<String>,
+    },
+    /// Attach this terminal to a PTY session and take its writer lease;
+    /// detach with Ctrl-P Ctrl-Q (the session keeps running).
+    Attach { session: String },
+    /// Remove exited sessions and their events.
+    Purge {
+        #[arg(long)]
+        session: Option<String>,
+    },
+}
+
+fn fail(e: ClientError) -> ExitCode {
+    eprintln!("bmx visor: {e}");
+    ExitCode::from(1)
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b',' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+pub async fn run(args: VisorArgs) -> ExitCode {
+    let home = home_dir(args.home.clone());
+    let socket = socket_path(&home, args.socket.clone());
+    let Some(cmd) = args.command else {
+        return serve(home, socket).await;
+    };
+    let json = args.json;
+    let r = match cmd {
+        VisorCommand::Ls { state } => {
+            let path = match state {
+                Some(s) => format!("/v1/sessions?state={}", enc(&s)),
+                None => "/v1/sessions".into(),
+            };
+            client::request(&socket, "GET", &path, None).await.map(|v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    println!(
+                        "{:<16} {:<9} {:<8} {:>7}  TITLE",
+                        "ID", "STATE", "KIND", "PID"
+                    );
+                    for s in v["sessions"].as_array().into_iter().flatten() {
+                        println!(
+                            "{:<16} {:<9} {:<8} {:>7}  {}",
+                            s["id"].as_str().unwrap_or(""),
+                            s["state"].as_str().unwrap_or(""),
+                            s["kind"].as_str().unwrap_or(""),
+                            s["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
+                            s["title"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+            })
+        }
+        VisorCommand::Start {
+            title,
+            restart,
+            cwd,
+            labels,
+            command,
+        } => {
+            let cwd = cwd
+                .or_else(|| std::env::current_dir().ok())
+                .map(|p| p.display().to_string());
+            let labels: serde_json::Map<String, Value> = labels
+                .iter()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_owned(), Value::from(v)))
+                .collect();
+            let body = json!({"kind": "pty", "command": command, "title": title,
+                "workingDir": cwd, "labels": labels, "restart": {"mode": restart}});
+            client::request(&socket, "POST", "/v1/sessions", Some(&body))
+                .await
+                .map(|v| {
+                    if json {
+                        println!("{v}");
+                    } else {
+                        println!("{}", v["id"].as_str().unwrap_or(""));
+                    }
+                })
+        }
+        VisorCommand::Send { session, text } => {
+            let path = format!("/v1/sessions/{}/send", enc(&session));
+            client::request(&socket, "POST", &path, Some(&json!({"text": text})))
+                .await
+                .map(|v| {
+                    if json {
+                        println!("{v}");
+                    } else {
+                        println!("{}", v["delivery"].as_str().unwrap_or(""));
+                    }
+                })
+        }
+        VisorCommand::Screen { session } => {
+            let path = format!("/v1/sessions/{}/screen", enc(&session));
+            client::request(&socket, "GET", &path, None).await.map(|v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    for l in v["lines"].as_array().into_iter().flatten() {
+                        println!("{}", l.as_str().unwrap_or("").trim_end());
+                    }
+                }
+            })
+        }
+        VisorCommand::Stop { session } => {
+            let path = format!("/v1/sessions/{}/stop", enc(&session));
+            client::request(&socket, "POST", &path, None)
+                .await
+                .map(|v| {
+                    if json {
+                        println!("{v}");
+                    } else {
+                        println!(
+                            "{} {} (exit code {})",
+                            v["id"].as_str().unwrap_or(""),
+                            v["state"].as_str().unwrap_or(""),
+                            v["exitCode"]
+                        );
+                    }
+                })
+        }
+        VisorCommand::Purge { session } => {
+            let body = json!({"session": session});
+            client::request(&socket, "POST", "/v1/purge", Some(&body))
+                .await
+                .map(|v| {
+                    if json {
+                        println!("{v}");
+                    } else {
+                        for id in v["purged"].as_array().into_iter().flatten() {
+                            println!("{}", id.as_str().unwrap_or(""));
+                        }
+                    }
+                })
+        }
+        VisorCommand::Attach { session } => return attach(&socket, &session).await,
+        VisorCommand::Events {
+            after,
+            session,
+            types,
+        } => return events(&socket, after, session, types, json).await,
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
+}
+
+async fn events(
+    socket: &std::path::Path,
+    after: u64,
+    session: Option<String>,
+    types: Option<String>,
+    json: bool,
+) -> ExitCode {
+    let mut path = format!("/v1/events?after={after}");
+    if let Some(s) = session {
+        path.push_str(&format!("&session={}", enc(&s)));
+    }
+    if let Some(t) = types {
+        path.push_str(&format!("&types={}", enc(&t)));
+    }
+    let mut ws = match client::websocket(socket, &path).await {
+        Ok(ws) => ws,
+        Err(e) => return fail(e),
+    };
+    loop {
+        tokio::select! {
+            m = ws.next() => match m {
+                Some(Ok(Message::Text(t))) => {
+                    if json {
+                        println!("{t}");
+                    } else {
+                        let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+                        let mut rest = v.as_object().cloned().unwrap_or_default();
+                        for k in ["seq", "at", "session", "type"] {
+                            rest.remove(k);
+                        }
+                        println!("{:>6} {} {:<16} {:<14} {}", v["seq"], v["at"].as_str().unwrap_or(""),
+                            v["session"].as_str().unwrap_or(""), v["type"].as_str().unwrap_or(""), Value::Object(rest));
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None => return ExitCode::SUCCESS,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => { eprintln!("bmx visor: {e}"); return ExitCode::from(1) }
+            },
+            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
+    let stop = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            _ => std::future::pending::<()>().await,
+        }
+    };
+    match bmx::visor::serve(home, socket, stop).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bmx visor: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The local tty in raw mode; restored when dropped.
+struct RawMode {
+    saved: nix::sys::termios::Termios,
+}
+
+impl RawMode {
+    fn enter() -> Option<RawMode> {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let saved = tcgetattr(&stdin).ok()?;
+        let mut raw = saved.clone();
+        cfmakeraw(&mut raw);
+        tcsetattr(&stdin, SetArg::TCSANOW, &raw).ok()?;
+        Some(RawMode { saved })
+    }
+}
+
+impl Drop for RawMode {
+    fn drop(&mut self) {
+        use nix::sys::termios::{tcsetattr, SetArg};
+        let _ = tcsetattr(std::io::stdin(), SetArg::TCSANOW, &self.saved);
+    }
+}
+
+fn tty_size() -> Option<(u16, u16)> {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes a winsize into the pointer we pass.
+    let r = unsafe { libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) };
+    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0).then_some((ws.ws_col, ws.ws_row))
+}
+
+/// Stdin on a thread of its own (a blocking read in tokio's pool would
+/// hold the runtime at exit); it polls so it notices `stop`.
+fn stdin_reader(
+    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    use std::os::fd::AsRawFd;
+    std::thread::spawn(move || {
+        let fd = std::io::stdin().as_raw_fd();
+        let mut buf = [0u8; 4096];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut p, 1, 100) };
+            if r <= 0 {
+                if r < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    break;
+                }
+                continue;
+            }
+            // SAFETY: reads into our buffer, at most its length.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 || tx.blocking_send(buf[..n as usize].to_vec()).is_err() {
+                break;
+            }
+        }
+    })
+}
+
+/// `bmx visor attach`: snapshot and output to stdout, keys (after taking
+/// the writer lease) to the session; Ctrl-P Ctrl-Q detaches.
+async fn attach(socket: &std::path::Path, session: &str) -> ExitCode {
+    use futures_util::SinkExt;
+    use std::io::Write;
+    let path = format!("/v1/sessions/{}/attach", enc(session));
+    let mut ws = match client::websocket(socket, &path).await {
+        Ok(ws) => ws,
+        Err(e) => return fail(e),
+    };
+    let control = json!({"type": "control"}).to_string();
+    if ws.send(Message::Text(control.into())).await.is_err() {
+        eprintln!("bmx visor: the visor closed the stream");
+        return ExitCode::from(1);
+    }
+    if let Some((cols, rows)) = tty_size() {
+        let r = json!({"type": "resize", "cols": cols, "rows": rows}).to_string();
+        let _ = ws.send(Message::Text(r.into())).await;
+    }
+    let raw = RawMode::enter();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = stdin_reader(tx, stop.clone());
+    let mut detach = super::attach::DetachMatcher::new(vec![0x10, 0x11]);
+    let mut code = ExitCode::SUCCESS;
+    let mut note = String::new();
+    loop {
+        tokio::select! {
+            m = ws.next() => match m {
+                Some(Ok(Message::Binary(b))) if b.len() >= 9 => {
+                    let mut out = std::io::stdout();
+                    let _ = out.write_all(&b[9..]);
+                    let _ = out.flush();
+                }
+                Some(Ok(Message::Text(t))) => {
+                    let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+                    match v["type"].as_str() {
+                        Some("ended") => {
+                            note = format!("session ended ({})", v["reason"].as_str().unwrap_or(""));
+                            let c = v["exitCode"].as_i64().unwrap_or(0).clamp(0, 255) as u8;
+                            code = ExitCode::from(c);
+                            break;
+                        }
+                        Some("lease") if v["holder"] == "other" => {
+                            note = "another client took the writer lease".into();
+                        }
+                        Some("error") => note = format!("{}: {}", v["code"].as_str().unwrap_or(""), v["message"].as_str().unwrap_or("")),
+                        _ => {}
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => {
+                    note = "the visor closed the stream".into();
+                    code = ExitCode::from(1);
+                    break;
+                }
+                Some(Ok(_)) => {}
+            },
+            keys = rx.recv() => {
+                let Some(keys) = keys else { break };
+                let (send, detached) = detach.feed(&keys);
+                if !send.is_empty() {
+                    let f = bmx::terminal::frame::frame(bmx::terminal::frame::OP_INPUT, 0, &send);
+                    if ws.send(Message::Binary(f)).await.is_err() {
+                        break;
+                    }
+                }
+                if detached {
+                    note = "detached".into();
+                    break;
+                }
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = reader.join();
+    drop(raw);
+    let _ = ws.close(None).await;
+    if !note.is_empty() {
+        eprintln!("\r\nbmx visor: {note}");
+    }
+    code
+}
