@@ -41,12 +41,14 @@
 pub mod actors;
 pub mod api;
 pub mod config;
+pub mod enroll;
 pub mod error;
 pub mod events;
 pub mod http;
 pub mod interactions;
 pub mod mcp_proxy;
 pub mod runtime;
+pub mod store;
 pub mod types;
 
 pub use api::mcp::{McpServerInfo, McpServerView, McpToolInfo, McpToolsView};
