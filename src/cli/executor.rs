@@ -15,8 +15,13 @@ use std::process::ExitCode;
 #[derive(Debug, Args)]
 pub struct ExecutorArgs {
     /// The harness: ws://HOST:PORT/v1/executor/connect or unix:/PATH.
-    #[arg(long, env = "BMX_URL")]
-    pub url: String,
+    #[arg(long, env = "BMX_URL", required_unless_present = "harness")]
+    pub url: Option<String>,
+    /// The harness API (http://HOST:PORT): connect to its executor
+    /// endpoint with the credential `bmx enroll` saved for it (and for
+    /// `--workspace`, if given).
+    #[arg(long, conflicts_with_all = ["url", "token", "token_file"])]
+    pub harness: Option<String>,
     /// Bearer token.
     #[arg(
         long,
@@ -61,11 +66,20 @@ pub struct ExecutorArgs {
 
 impl ExecutorArgs {
     pub fn into_config(self) -> Result<ExecutorConfig, String> {
-        let endpoint = Endpoint::parse(&self.url).map_err(|e| e.to_string())?;
-        let token = match (self.token, self.token_file) {
-            (Some(t), _) => TokenSource::Static(t),
-            (None, Some(f)) => TokenSource::File(f),
-            (None, None) => return Err("one of --token or --token-file is required".into()),
+        let (endpoint, token) = match &self.harness {
+            Some(h) => enrolled(h, self.workspace.as_deref())?,
+            None => {
+                let url = self.url.as_deref().ok_or("--url or --harness is required")?;
+                let endpoint = Endpoint::parse(url).map_err(|e| e.to_string())?;
+                let token = match (self.token, self.token_file) {
+                    (Some(t), _) => TokenSource::Static(t),
+                    (None, Some(f)) => TokenSource::File(f),
+                    (None, None) => {
+                        return Err("one of --token, --token-file or --harness is required".into())
+                    }
+                };
+                (endpoint, token)
+            }
         };
         let mut config = ExecutorConfig::new(endpoint, token);
         for spec in &self.agents {
@@ -175,4 +189,37 @@ fn bind_workspace(dir: &Path) -> Result<(PathBuf, WorkspaceLock), u8> {
             Err(1)
         }
     }
+}
+
+/// The endpoint and stored credential for `--harness URL` (and the
+/// workspace, or the only credential kept for that harness).
+fn enrolled(harness: &str, workspace: Option<&Path>) -> Result<(Endpoint, TokenSource), String> {
+    use bmx::runner::credentials::{bmx_home, CredentialStore};
+    let harness = harness.trim_end_matches('/');
+    let store = CredentialStore::new(&bmx_home());
+    let creds = store.load(harness).map_err(|e| e.to_string())?;
+    let cred = match workspace {
+        Some(w) => {
+            let w = std::fs::canonicalize(w)
+                .map_err(|e| format!("--workspace {}: {e}", w.display()))?;
+            creds.credentials.get(w.to_string_lossy().as_ref()).cloned()
+        }
+        None if creds.credentials.len() == 1 => creds.credentials.values().next().cloned(),
+        None if creds.credentials.len() > 1 => {
+            return Err(format!(
+                "several credentials are stored for {harness}: give --workspace"
+            ))
+        }
+        None => None,
+    }
+    .ok_or_else(|| format!("no stored credential for {harness}: run bmx enroll first"))?;
+    let ws = if let Some(rest) = harness.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = harness.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        return Err(format!("--harness {harness:?}: expected http://HOST:PORT"));
+    };
+    let endpoint = Endpoint::parse(&format!("{ws}/v1/executor/connect")).map_err(|e| e.to_string())?;
+    Ok((endpoint, TokenSource::Static(cred.token)))
 }
