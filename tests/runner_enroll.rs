@@ -61,7 +61,13 @@ impl Env {
             ])
             .env("RUST_LOG", "trace")
             .stdout(Stdio::null())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .unwrap(),
+            );
         let p = Proc(Some(c.spawn().unwrap()));
         eventually("the harness answers", || {
             self.bmx()
@@ -130,7 +136,13 @@ impl Env {
             .arg(self.ws.path())
             .env("RUST_LOG", "trace")
             .stdout(Stdio::null())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap());
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .unwrap(),
+            );
         Proc(Some(c.spawn().unwrap()))
     }
 
@@ -164,7 +176,10 @@ fn enroll_approve_connect_restart_revoke() {
         .bmx()
         .args(["enrollments", "ls", "--json", "--harness", &env.api()]));
     assert!(text(&ls.stdout).contains(&code));
-    assert!(!text(&ls.stdout).contains(&device), "the device code is secret");
+    assert!(
+        !text(&ls.stdout).contains(&device),
+        "the device code is secret"
+    );
     let out = env.decide("approve", &code.to_lowercase());
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(enroll.wait_exit(), Some(0));
@@ -172,9 +187,16 @@ fn enroll_approve_connect_restart_revoke() {
     assert!(!env.decide("approve", &code).status.success());
 
     let file = env.cred_file();
-    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
     assert_eq!(
-        std::fs::metadata(file.parent().unwrap()).unwrap().permissions().mode() & 0o777,
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::metadata(file.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
         0o700
     );
     let cred = env.creds()["credentials"][env.ws_key()].clone();
@@ -185,20 +207,28 @@ fn enroll_approve_connect_restart_revoke() {
 
     let mut exec = env.executor(&xlog);
     eventually("the enrolled executor registered", || {
-        env.executors().iter().any(|e| e["executorId"] == executor_id.as_str())
+        env.executors()
+            .iter()
+            .any(|e| e["executorId"] == executor_id.as_str())
     });
     // The harness restarts on the same data dir: the credential holds.
     assert_eq!(harness.term(), Some(0));
     let mut harness = env.harness(600, &hlog);
     eventually("the executor registered again after the restart", || {
-        env.executors().iter().any(|e| e["executorId"] == executor_id.as_str())
+        env.executors()
+            .iter()
+            .any(|e| e["executorId"] == executor_id.as_str())
     });
     assert!(exec.running());
 
     // Revoke: closed with 4001, the executor ends (4) and cannot come back.
-    let out = run(env
-        .bmx()
-        .args(["credentials", "revoke", &credential_id, "--harness", &env.api()]));
+    let out = run(env.bmx().args([
+        "credentials",
+        "revoke",
+        &credential_id,
+        "--harness",
+        &env.api(),
+    ]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(exec.wait_exit(), Some(4));
     let mut again = env.executor(&xlog);

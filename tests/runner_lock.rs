@@ -186,7 +186,10 @@ fn working_directories_stay_inside_the_workspace() {
         assert!(err.contains("invalid working directory"), "{bad}: {err}");
     }
     // Sessions ended (bmx exec stops its own): the workspace is still there.
-    assert_eq!(std::fs::read_to_string(ws.join("keep.txt")).unwrap(), "mine");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("keep.txt")).unwrap(),
+        "mine"
+    );
     assert!(e.running());
     assert_eq!(e.term(), Some(0));
     assert!(ws.join("keep.txt").exists());

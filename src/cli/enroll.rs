@@ -140,7 +140,10 @@ pub async fn run_enrollments(cmd: EnrollmentsCommand) -> ExitCode {
                     } else {
                         say!(
                             "{:<10} {:<10} {:<20} {:<20} WORKSPACE",
-                            "CODE", "STATUS", "NAME", "EXPIRES"
+                            "CODE",
+                            "STATUS",
+                            "NAME",
+                            "EXPIRES"
                         );
                         for e in v["enrollments"].as_array().into_iter().flatten() {
                             say!(
@@ -176,13 +179,20 @@ async fn decide(a: DecideArgs, verb: &str) -> ExitCode {
         Err(e) => return e,
     };
     match c
-        .post(&format!("/v1/enrollments/{verb}"), &json!({"userCode": a.code}))
+        .post(
+            &format!("/v1/enrollments/{verb}"),
+            &json!({"userCode": a.code}),
+        )
         .await
     {
         Ok((200, v)) => {
             say!(
                 "{} {} ({}, workspace {})",
-                if verb == "approve" { "approved" } else { "denied" },
+                if verb == "approve" {
+                    "approved"
+                } else {
+                    "denied"
+                },
                 v["userCode"].as_str().unwrap_or(&a.code),
                 v["displayName"].as_str().unwrap_or("-"),
                 v["workspace"].as_str().unwrap_or("-")
@@ -387,7 +397,11 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
 fn fingerprint() -> String {
     use sha2::Digest;
     let id = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
-    let h = sha2::Sha256::digest(format!("{}:{}", id.trim(), bmx::executor::config::hostname()));
+    let h = sha2::Sha256::digest(format!(
+        "{}:{}",
+        id.trim(),
+        bmx::executor::config::hostname()
+    ));
     h.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
@@ -401,8 +415,7 @@ async fn poll_until_done(
     let mut interval = Duration::from_millis(pending.poll_interval_ms.clamp(100, 60_000));
     let forget = |store: &CredentialStore| {
         let _ = update(store, url, |c| {
-            if c.pending.get(workspace).map(|p| &p.enrollment_id) == Some(&pending.enrollment_id)
-            {
+            if c.pending.get(workspace).map(|p| &p.enrollment_id) == Some(&pending.enrollment_id) {
                 c.pending.remove(workspace);
             }
         });
@@ -416,7 +429,10 @@ async fn poll_until_done(
         }
         tokio::time::sleep(interval).await;
         match store.load(url) {
-            Ok(c) if c.pending.get(workspace).map(|p| &p.enrollment_id) != Some(&pending.enrollment_id) => {
+            Ok(c)
+                if c.pending.get(workspace).map(|p| &p.enrollment_id)
+                    != Some(&pending.enrollment_id) =>
+            {
                 eprintln!("bmx enroll: this enrollment was superseded by a newer local enrollment for {workspace}");
                 return ExitCode::from(EXIT_SUPERSEDED);
             }

@@ -1,9 +1,9 @@
 //! `bmx executor`: the daemon.
 
 use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+use bmx::runner::{LockError, LockHolder, WorkspaceLock};
 use bmx::wire::Endpoint;
 use clap::Args;
-use bmx::runner::{LockError, LockHolder, WorkspaceLock};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -69,7 +69,10 @@ impl ExecutorArgs {
         let (endpoint, token) = match &self.harness {
             Some(h) => enrolled(h, self.workspace.as_deref())?,
             None => {
-                let url = self.url.as_deref().ok_or("--url or --harness is required")?;
+                let url = self
+                    .url
+                    .as_deref()
+                    .ok_or("--url or --harness is required")?;
                 let endpoint = Endpoint::parse(url).map_err(|e| e.to_string())?;
                 let token = match (self.token, self.token_file) {
                     (Some(t), _) => TokenSource::Static(t),
@@ -152,7 +155,10 @@ fn bind_workspace(dir: &Path) -> Result<(PathBuf, WorkspaceLock), u8> {
     let canonical = match std::fs::canonicalize(dir) {
         Ok(c) if c.is_dir() => c,
         Ok(_) => {
-            eprintln!("bmx executor: --workspace {}: not a directory", dir.display());
+            eprintln!(
+                "bmx executor: --workspace {}: not a directory",
+                dir.display()
+            );
             return Err(2);
         }
         Err(e) => {
@@ -220,6 +226,7 @@ fn enrolled(harness: &str, workspace: Option<&Path>) -> Result<(Endpoint, TokenS
     } else {
         return Err(format!("--harness {harness:?}: expected http://HOST:PORT"));
     };
-    let endpoint = Endpoint::parse(&format!("{ws}/v1/executor/connect")).map_err(|e| e.to_string())?;
+    let endpoint =
+        Endpoint::parse(&format!("{ws}/v1/executor/connect")).map_err(|e| e.to_string())?;
     Ok((endpoint, TokenSource::Static(cred.token)))
 }

@@ -220,9 +220,7 @@ impl HarnessBuilder {
         {
             return Err(HarnessError::OpenApi(config.listen));
         }
-        if self.tokens.is_empty()
-            && self.authenticate.is_none()
-            && self.enrollment_store.is_none()
+        if self.tokens.is_empty() && self.authenticate.is_none() && self.enrollment_store.is_none()
         {
             return Err(HarnessError::NoCredentials);
         }

@@ -102,7 +102,13 @@ pub fn host_key(url: &str) -> Result<String, CredentialError> {
     };
     let host: String = host
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if host.is_empty() {
         return Err(bad());

@@ -71,11 +71,17 @@ pub struct TestHarness {
 
 pub fn harness(extra: &[&str]) -> TestHarness {
     let mut cmd = Command::new(BMX);
-    cmd.args(["harness", "--listen", "127.0.0.1:0", "--token", "exec-1=s3cret"])
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    cmd.args([
+        "harness",
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "exec-1=s3cret",
+    ])
+    .args(extra)
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let proc = Proc(Some(child));

@@ -268,7 +268,10 @@ pub fn check_spec(
     if shared.config.workspace.is_some() && !cwd.is_dir() {
         return Err(RpcError::new(
             crate::wire::ErrorCode::Forbidden,
-            format!("invalid working directory: {} is not a directory", cwd.display()),
+            format!(
+                "invalid working directory: {} is not a directory",
+                cwd.display()
+            ),
         )
         .with_reason("invalid_cwd"));
     }

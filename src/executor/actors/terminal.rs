@@ -164,10 +164,10 @@ pub fn validate(shared: &Shared, spec: &TerminalOpenParams) -> Result<(), RpcErr
         .map_err(|e| env_refusal(&e))?;
     if let (Some(ws), Some(c)) = (&shared.config.workspace, &spec.cwd) {
         if let Err(e) = crate::tools::boundary::resolve(ws, c) {
-            return Err(RpcError::invalid_params(format!(
-                "invalid working directory: {e}"
-            ))
-            .with_reason("workspace_boundary"));
+            return Err(
+                RpcError::invalid_params(format!("invalid working directory: {e}"))
+                    .with_reason("workspace_boundary"),
+            );
         }
     }
     let cwd = cwd(shared, spec);

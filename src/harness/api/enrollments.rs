@@ -293,7 +293,9 @@ impl Enrollments {
                 poll_interval_ms: e.interval_ms,
             });
         }
-        Err(EnrollError::BadRequest("cannot allocate a user code".into()))
+        Err(EnrollError::BadRequest(
+            "cannot allocate a user code".into(),
+        ))
     }
 
     /// `POST /v1/enrollments/poll`.
@@ -469,7 +471,10 @@ mod tests {
     fn codes_have_the_documented_shape() {
         let c = user_code();
         assert_eq!(normalize_user_code(&c).as_deref(), Some(c.as_str()));
-        assert_eq!(normalize_user_code("wdjb mjht").as_deref(), Some("WDJB-MJHT"));
+        assert_eq!(
+            normalize_user_code("wdjb mjht").as_deref(),
+            Some("WDJB-MJHT")
+        );
         assert_eq!(normalize_user_code("short"), None);
         let d = random_secret("bmxd_");
         assert_eq!(d.len(), 5 + 64);

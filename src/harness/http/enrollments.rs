@@ -33,9 +33,7 @@ impl IntoResponse for EnrollError {
     fn into_response(self) -> Response {
         match &self {
             EnrollError::BadRequest(m) => error(StatusCode::BAD_REQUEST, "invalid_request", m),
-            EnrollError::NotFound(_) => {
-                error(StatusCode::NOT_FOUND, "not_found", self.to_string())
-            }
+            EnrollError::NotFound(_) => error(StatusCode::NOT_FOUND, "not_found", self.to_string()),
             EnrollError::SlowDown => error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "slow_down",
@@ -65,8 +63,13 @@ fn service(app: &App) -> Result<Arc<Enrollments>, Response> {
 }
 
 fn parse<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| error(StatusCode::BAD_REQUEST, "invalid_request", format!("body: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("body: {e}"),
+        )
+    })
 }
 
 /// Run a store call off the runtime's worker threads.
@@ -103,10 +106,9 @@ pub(crate) async fn create(State(app): State<App>, bytes: Bytes) -> Response {
             .get()
             .map(|r| api_base(r))
             .unwrap_or_default();
-        let created = blocking(move || {
-            svc.create(&b.workspace, &b.display_name, &b.fingerprint, &base)
-        })
-        .await?;
+        let created =
+            blocking(move || svc.create(&b.workspace, &b.display_name, &b.fingerprint, &base))
+                .await?;
         Ok::<_, Response>((StatusCode::CREATED, Json(created)).into_response())
     };
     run.await.unwrap_or_else(|r| r)
@@ -152,7 +154,11 @@ pub(crate) async fn list(
     let run = async {
         let svc = service(&app)?;
         let Query(q) = query.map_err(|e| {
-            error(StatusCode::BAD_REQUEST, "invalid_request", format!("query: {e}"))
+            error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                format!("query: {e}"),
+            )
         })?;
         let status = match q.status.as_deref() {
             None | Some("") | Some("all") => None,
@@ -209,7 +215,9 @@ pub(crate) async fn credentials(State(app): State<App>) -> Response {
             .iter()
             .map(|c| {
                 let mut v = serde_json::to_value(c).unwrap_or_default();
-                v["createdAt"] = json!(crate::harness::api::enrollments::rfc3339_ms(c.created_at_ms));
+                v["createdAt"] = json!(crate::harness::api::enrollments::rfc3339_ms(
+                    c.created_at_ms
+                ));
                 v["revoked"] = json!(c.revoked_at_ms.is_some());
                 v["connected"] = json!(app.shared.executors.contains_key(&c.executor_id));
                 v

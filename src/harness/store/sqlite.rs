@@ -218,7 +218,9 @@ impl Store for SqliteStore {
         Ok(self
             .lock()
             .query_row(
-                &format!("SELECT {ENROLLMENT_COLUMNS} FROM enrollments WHERE device_code_hash = ?1"),
+                &format!(
+                    "SELECT {ENROLLMENT_COLUMNS} FROM enrollments WHERE device_code_hash = ?1"
+                ),
                 params![&hash[..]],
                 enrollment_row,
             )
@@ -342,8 +344,14 @@ mod tests {
         let s = SqliteStore::in_memory().unwrap();
         let mut e = enrollment("e1", "AAAA-BBBB", 7);
         s.put_enrollment(&e).unwrap();
-        assert_eq!(s.enrollment_by_device_hash(&[7; 32]).unwrap(), Some(e.clone()));
-        assert_eq!(s.enrollment_by_user_code("AAAA-BBBB").unwrap(), Some(e.clone()));
+        assert_eq!(
+            s.enrollment_by_device_hash(&[7; 32]).unwrap(),
+            Some(e.clone())
+        );
+        assert_eq!(
+            s.enrollment_by_user_code("AAAA-BBBB").unwrap(),
+            Some(e.clone())
+        );
         assert_eq!(s.enrollment_by_user_code("ZZZZ-ZZZZ").unwrap(), None);
         e.approve(2_000, "cred-1".into(), "r-1".into()).unwrap();
         s.put_enrollment(&e).unwrap();
@@ -370,7 +378,10 @@ mod tests {
         let revoked = s.revoke("cred-1", 4_000).unwrap().unwrap();
         assert_eq!(revoked.revoked_at_ms, Some(4_000));
         // Revoking again keeps the first time.
-        assert_eq!(s.revoke("cred-1", 5_000).unwrap().unwrap().revoked_at_ms, Some(4_000));
+        assert_eq!(
+            s.revoke("cred-1", 5_000).unwrap().unwrap().revoked_at_ms,
+            Some(4_000)
+        );
         assert_eq!(s.revoke("nope", 5_000).unwrap(), None);
     }
 }
