@@ -67,21 +67,22 @@ pub struct TestHarness {
     pub proc: Proc,
     pub api: String,
     pub ws: String,
+    /// Its `--data-dir` (never the user's home).
+    pub data: tempfile::TempDir,
 }
 
 pub fn harness(extra: &[&str]) -> TestHarness {
+    let data = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(BMX);
-    cmd.args([
-        "harness",
-        "--listen",
-        "127.0.0.1:0",
-        "--token",
-        "exec-1=s3cret",
-    ])
-    .args(extra)
-    .env("RUST_LOG", "warn")
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
+    cmd.arg("--log-format=text")
+        .arg("harness")
+        .arg("--data-dir")
+        .arg(data.path());
+    cmd.args(["--listen", "127.0.0.1:0", "--token", "exec-1=s3cret"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let proc = Proc(Some(child));
@@ -100,7 +101,12 @@ pub fn harness(extra: &[&str]) -> TestHarness {
         .find(|w| w.starts_with("ws://"))
         .unwrap_or_else(|| panic!("no ws url in {line:?}"))
         .to_owned();
-    TestHarness { proc, api, ws }
+    TestHarness {
+        proc,
+        api,
+        ws,
+        data,
+    }
 }
 
 impl TestHarness {

@@ -114,17 +114,20 @@ impl SqliteStore {
 /// transaction together with its version bump.
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let known = MIGRATIONS.len() as i64;
-    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    // Two harnesses may open one data dir at once: the version is read
+    // and bumped inside one write transaction (BEGIN IMMEDIATE), so only
+    // one of them applies each migration.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if found > known {
         return Err(StoreError::TooNew { found, known });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-        let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
-        tx.commit()?;
         tracing::info!(version = i + 1, "store migrated");
     }
+    tx.commit()?;
     Ok(())
 }
 
