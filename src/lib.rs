@@ -11,6 +11,8 @@
 //! The two sides, each with its runtime, its actors and its API:
 //! * [`executor`]: the daemon.
 //! * [`harness`]: the control plane a platform embeds.
+//! * [`runner`]: the workspace lock (and, as it grows, enrollment and
+//!   local state) of a workspace-bound executor.
 //! * [`client`]: a client of the harness's HTTP API (the CLI's, and a
 //!   platform's Rust code may use it).
 //!
@@ -23,6 +25,7 @@ pub mod harness;
 pub mod lease;
 pub mod mcp;
 pub mod process;
+pub mod runner;
 pub mod supervisor;
 pub mod terminal;
 pub mod tools;

@@ -1,20 +1,27 @@
 //! `bmx executor`: the daemon.
 
 use bmx::executor::{Executor, ExecutorConfig, TokenSource};
+use bmx::runner::{LockError, LockHolder, WorkspaceLock};
 use bmx::wire::Endpoint;
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Connect to a harness and run its sessions. Exit status: 0 after
 /// SIGINT/SIGTERM, 3 when replaced by a newer connection (close 4004), 4 when
 /// the credential or registration is refused (HTTP 401, close 4001 or 4003),
-/// 5 when `--reconnect-max-attempts` ran out, 1 on other errors.
+/// 5 when `--reconnect-max-attempts` ran out, 6 when `--workspace` is
+/// locked by another live executor, 2 on bad arguments, 1 on other errors.
 #[derive(Debug, Args)]
 pub struct ExecutorArgs {
     /// The harness: ws://HOST:PORT/v1/executor/connect or unix:/PATH.
-    #[arg(long, env = "BMX_URL")]
-    pub url: String,
+    #[arg(long, env = "BMX_URL", required_unless_present = "harness")]
+    pub url: Option<String>,
+    /// The harness API (http://HOST:PORT): connect to its executor
+    /// endpoint with the credential `bmx enroll` saved for it (and for
+    /// `--workspace`, if given).
+    #[arg(long, conflicts_with_all = ["url", "token", "token_file"])]
+    pub harness: Option<String>,
     /// Bearer token.
     #[arg(
         long,
@@ -29,6 +36,11 @@ pub struct ExecutorArgs {
     /// Root of session workspaces.
     #[arg(long)]
     pub work_root: Option<PathBuf>,
+    /// Bind this executor to one directory: take `DIR/.bmx/lock` before
+    /// registering (exit 6 if a live executor holds it), run every session
+    /// in DIR and refuse working directories outside it.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
     /// `executor.name` (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
@@ -54,11 +66,23 @@ pub struct ExecutorArgs {
 
 impl ExecutorArgs {
     pub fn into_config(self) -> Result<ExecutorConfig, String> {
-        let endpoint = Endpoint::parse(&self.url).map_err(|e| e.to_string())?;
-        let token = match (self.token, self.token_file) {
-            (Some(t), _) => TokenSource::Static(t),
-            (None, Some(f)) => TokenSource::File(f),
-            (None, None) => return Err("one of --token or --token-file is required".into()),
+        let (endpoint, token) = match &self.harness {
+            Some(h) => enrolled(h, self.workspace.as_deref())?,
+            None => {
+                let url = self
+                    .url
+                    .as_deref()
+                    .ok_or("--url or --harness is required")?;
+                let endpoint = Endpoint::parse(url).map_err(|e| e.to_string())?;
+                let token = match (self.token, self.token_file) {
+                    (Some(t), _) => TokenSource::Static(t),
+                    (None, Some(f)) => TokenSource::File(f),
+                    (None, None) => {
+                        return Err("one of --token, --token-file or --harness is required".into())
+                    }
+                };
+                (endpoint, token)
+            }
         };
         let mut config = ExecutorConfig::new(endpoint, token);
         for spec in &self.agents {
@@ -88,13 +112,29 @@ impl ExecutorArgs {
     }
 }
 
+/// Exit status of an executor whose workspace is locked by another.
+pub const EXIT_WORKSPACE_LOCKED: u8 = 6;
+
 pub async fn run(args: ExecutorArgs) -> ExitCode {
-    let config = match args.into_config() {
+    let workspace = args.workspace.clone();
+    let mut config = match args.into_config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("bmx executor: {e}");
             return ExitCode::from(2);
         }
+    };
+    // The lock comes before anything else, registering included; it is
+    // held (`_lock` lives) until the executor has stopped.
+    let _lock = match workspace {
+        Some(dir) => match bind_workspace(&dir) {
+            Ok((canonical, lock)) => {
+                config.workspace = Some(canonical);
+                Some(lock)
+            }
+            Err(code) => return ExitCode::from(code),
+        },
+        None => None,
     };
     let handle = match Executor::start(config).await {
         Ok(h) => h,
@@ -106,4 +146,87 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
     let exit = handle.run_until_signal().await;
     tracing::info!(?exit, "executor stopped");
     ExitCode::from(exit.exit_code())
+}
+
+/// Canonicalize `dir` (a symlinked workspace and its target are one
+/// workspace) and take its lock; on failure, the message is printed and
+/// the exit status returned.
+fn bind_workspace(dir: &Path) -> Result<(PathBuf, WorkspaceLock), u8> {
+    let canonical = match std::fs::canonicalize(dir) {
+        Ok(c) if c.is_dir() => c,
+        Ok(_) => {
+            eprintln!(
+                "bmx executor: --workspace {}: not a directory",
+                dir.display()
+            );
+            return Err(2);
+        }
+        Err(e) => {
+            eprintln!("bmx executor: --workspace {}: {e}", dir.display());
+            return Err(2);
+        }
+    };
+    match WorkspaceLock::acquire(&canonical, LockHolder::this_process("bmx executor")) {
+        Ok(lock) => {
+            if let Some(old) = lock.took_over() {
+                tracing::info!(pid = old.pid, instance = %old.instance_id, "took over the stale lock of a dead executor");
+            }
+            Ok((canonical, lock))
+        }
+        Err(e @ LockError::Held { .. }) => {
+            eprintln!(
+                "bmx executor: workspace {} is in use: {e}",
+                canonical.display()
+            );
+            Err(EXIT_WORKSPACE_LOCKED)
+        }
+        Err(LockError::Io { path, source }) => {
+            let hint = match source.raw_os_error() {
+                Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM) => {
+                    " (the workspace must be writable: bmx keeps its lock in DIR/.bmx/)"
+                }
+                _ => "",
+            };
+            eprintln!(
+                "bmx executor: cannot lock workspace {}: {}: {source}{hint}",
+                canonical.display(),
+                path.display()
+            );
+            Err(1)
+        }
+    }
+}
+
+/// The endpoint and stored credential for `--harness URL` (and the
+/// workspace, or the only credential kept for that harness).
+fn enrolled(harness: &str, workspace: Option<&Path>) -> Result<(Endpoint, TokenSource), String> {
+    use bmx::runner::credentials::{bmx_home, CredentialStore};
+    let harness = harness.trim_end_matches('/');
+    let store = CredentialStore::new(&bmx_home());
+    let creds = store.load(harness).map_err(|e| e.to_string())?;
+    let cred = match workspace {
+        Some(w) => {
+            let w = std::fs::canonicalize(w)
+                .map_err(|e| format!("--workspace {}: {e}", w.display()))?;
+            creds.credentials.get(w.to_string_lossy().as_ref()).cloned()
+        }
+        None if creds.credentials.len() == 1 => creds.credentials.values().next().cloned(),
+        None if creds.credentials.len() > 1 => {
+            return Err(format!(
+                "several credentials are stored for {harness}: give --workspace"
+            ))
+        }
+        None => None,
+    }
+    .ok_or_else(|| format!("no stored credential for {harness}: run bmx enroll first"))?;
+    let ws = if let Some(rest) = harness.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = harness.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        return Err(format!("--harness {harness:?}: expected http://HOST:PORT"));
+    };
+    let endpoint =
+        Endpoint::parse(&format!("{ws}/v1/executor/connect")).map_err(|e| e.to_string())?;
+    Ok((endpoint, TokenSource::Static(cred.token)))
 }

@@ -46,6 +46,16 @@ pub struct HarnessArgs {
     /// or when executors are remote.
     #[arg(long, env = "BMX_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Where enrollments and issued credentials are kept (SQLite).
+    /// Default: `$BMX_HOME/harness`, else `~/.bmx/harness`.
+    #[arg(long, env = "BMX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// How long a device enrollment waits for approval, in seconds.
+    #[arg(long, default_value_t = 900)]
+    pub enrollment_ttl_secs: u64,
+    /// `pollIntervalMs` of enrollments (faster polls get `slow_down`).
+    #[arg(long, default_value_t = 5000)]
+    pub enrollment_poll_ms: u64,
 }
 
 /// Run a harness on 127.0.0.1 and one executor connected to it, until
@@ -144,10 +154,18 @@ impl HarnessArgs {
                 }
             }
         }
-        if tokens.is_empty() {
-            return Err("no executor credential: give --token ID=SECRET or --tokens-file".into());
-        }
+        let data_dir = self
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
+        let store = bmx::harness::store::SqliteStore::open_dir(&data_dir)
+            .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
         let mut b = Harness::builder()
+            .enrollment_store(std::sync::Arc::new(store))
+            .enrollment_timing(
+                Duration::from_secs(self.enrollment_ttl_secs.max(1)),
+                Duration::from_millis(self.enrollment_poll_ms),
+            )
             .listen(self.listen)
             .heartbeat_ms(self.heartbeat_ms)
             .lease_ttl_ms(self.lease_ttl_ms)

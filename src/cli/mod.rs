@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 pub mod attach;
 pub mod bench;
+pub mod enroll;
 pub mod executor;
 pub mod harness;
 pub mod run;
@@ -52,6 +53,15 @@ pub enum Command {
     /// Attach this terminal to a terminal on an executor (a new one, or
     /// TERMINAL_ID); detach with Ctrl-P Ctrl-Q.
     Attach(attach::AttachArgs),
+    /// Enroll this machine's executor for a workspace with a harness
+    /// (device code; an operator approves).
+    Enroll(enroll::EnrollArgs),
+    /// Operator: list, approve or deny enrollments.
+    #[command(subcommand)]
+    Enrollments(enroll::EnrollmentsCommand),
+    /// Operator: list or revoke enrollment-issued credentials.
+    #[command(subcommand)]
+    Credentials(enroll::CredentialsCommand),
     /// Benchmarks (baseline and bmx measured in one run).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -67,6 +77,13 @@ pub fn init_tracing(default: &str, format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // tungstenite logs the raw handshake request at trace, bearer token
+    // included: never below debug, whatever RUST_LOG says (secrets never
+    // reach a log; tests/runner_enroll.rs checks at RUST_LOG=trace).
+    let filter = match "tungstenite::handshake=debug".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -110,6 +127,9 @@ pub fn main() -> ExitCode {
             Command::Attach(args) => attach::run(args).await,
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Visor(args) => visor::run(args).await,
+            Command::Enroll(args) => enroll::run_enroll(args).await,
+            Command::Enrollments(cmd) => enroll::run_enrollments(cmd).await,
+            Command::Credentials(cmd) => enroll::run_credentials(cmd).await,
         }
     })
 }

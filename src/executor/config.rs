@@ -36,6 +36,11 @@ pub struct ExecutorConfig {
     pub environment_id: Option<String>,
     /// Session workspaces live under `<work_root>/sessions/`.
     pub work_root: PathBuf,
+    /// A bound executor (`--workspace DIR`, docs/runner.md): every session
+    /// works in this one directory (canonical; never removed), and every
+    /// working directory must resolve inside it. The caller holds the
+    /// directory's lock (`runner::lock`) for as long as the executor runs.
+    pub workspace: Option<PathBuf>,
     pub max_sessions: u32,
     /// `None`: reconnect forever.
     pub reconnect_max_attempts: Option<u32>,
@@ -97,6 +102,7 @@ impl ExecutorConfig {
             name: hostname(),
             environment_id: None,
             work_root: std::env::temp_dir().join("bmx-work"),
+            workspace: None,
             max_sessions: 1024,
             reconnect_max_attempts: None,
             reconnect_backoff: Backoff::default(),

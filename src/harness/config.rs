@@ -97,6 +97,10 @@ pub struct HarnessConfig {
     pub interactions: InteractionLimits,
     /// Sessions whose agent stream the harness serves at once.
     pub turns_max_sessions: usize,
+    /// How long a device enrollment waits for an operator (docs/runner.md).
+    pub enrollment_ttl: Duration,
+    /// `pollIntervalMs` of an enrollment; faster polls get `slow_down`.
+    pub enrollment_poll_interval: Duration,
 }
 
 impl Default for HarnessConfig {
@@ -133,6 +137,8 @@ impl Default for HarnessConfig {
             event_subscriber_queue: 4096,
             interactions: InteractionLimits::default(),
             turns_max_sessions: 8192,
+            enrollment_ttl: Duration::from_secs(900),
+            enrollment_poll_interval: Duration::from_secs(5),
         }
     }
 }

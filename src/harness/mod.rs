@@ -41,12 +41,14 @@
 pub mod actors;
 pub mod api;
 pub mod config;
+pub mod enroll;
 pub mod error;
 pub mod events;
 pub mod http;
 pub mod interactions;
 pub mod mcp_proxy;
 pub mod runtime;
+pub mod store;
 pub mod types;
 
 pub use api::mcp::{McpServerInfo, McpServerView, McpToolInfo, McpToolsView};
@@ -113,6 +115,7 @@ pub struct HarnessBuilder {
     authenticate: Option<Authenticator>,
     on_event: Option<EventCallback>,
     store: Option<Arc<dyn LeaseStore>>,
+    enrollment_store: Option<Arc<dyn store::Store>>,
 }
 
 impl HarnessBuilder {
@@ -195,6 +198,21 @@ impl HarnessBuilder {
         self
     }
 
+    /// Enable device enrollment (docs/runner.md) with enrollments and
+    /// issued credentials kept in `store`; its credentials are accepted
+    /// at the executors' upgrade beside the static tokens.
+    pub fn enrollment_store(mut self, store: Arc<dyn store::Store>) -> Self {
+        self.enrollment_store = Some(store);
+        self
+    }
+
+    /// `ttl` of new enrollments and their poll interval.
+    pub fn enrollment_timing(mut self, ttl: Duration, poll_interval: Duration) -> Self {
+        self.config.enrollment_ttl = ttl;
+        self.config.enrollment_poll_interval = poll_interval;
+        self
+    }
+
     /// Bind, start the actors and serve.
     pub async fn build(self) -> Result<HarnessHandle, HarnessError> {
         let config = self.config;
@@ -202,16 +220,32 @@ impl HarnessBuilder {
         {
             return Err(HarnessError::OpenApi(config.listen));
         }
-        if self.tokens.is_empty() && self.authenticate.is_none() {
+        if self.tokens.is_empty() && self.authenticate.is_none() && self.enrollment_store.is_none()
+        {
             return Err(HarnessError::NoCredentials);
         }
+        let enrollments = match self.enrollment_store {
+            Some(s) => Some(Arc::new(
+                api::enrollments::Enrollments::new(
+                    s,
+                    config.enrollment_ttl,
+                    config.enrollment_poll_interval,
+                )
+                .map_err(|e| HarnessError::Spawn(e.to_string()))?,
+            )),
+            None => None,
+        };
         let tokens = self.tokens;
         let callback = self.authenticate;
+        let enrolled = enrollments.clone();
         let authenticate: Authenticator = Arc::new(move |token: &str| {
             if let Some(cb) = &callback {
                 if let Some(id) = cb(token) {
                     return Some(id);
                 }
+            }
+            if let Some(id) = enrolled.as_ref().and_then(|e| e.authenticate(token)) {
+                return Some(id);
             }
             tokens.get(token).cloned()
         });
@@ -234,6 +268,9 @@ impl HarnessBuilder {
             .unwrap_or_else(|| Arc::new(MemoryLeaseStore::new()));
         let unix_path = config.listen_unix.clone();
         let shared = Shared::new(config, authenticate, self.on_event);
+        if let Some(e) = enrollments {
+            let _ = shared.enrollments.set(e);
+        }
         let _ = shared.relay_base.set(relay_base);
         // The root starts `leases` then `connections`; the API and the
         // listeners need both, so wait until they are up.

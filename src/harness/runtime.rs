@@ -98,6 +98,9 @@ pub struct Shared {
     instance: String,
     origin: Instant,
     pub shutdown: CancellationToken,
+    /// Device enrollment and its credentials (`None`: not enabled, the
+    /// routes answer 404).
+    pub enrollments: OnceLock<Arc<crate::harness::api::enrollments::Enrollments>>,
 }
 
 impl Shared {
@@ -131,6 +134,7 @@ impl Shared {
             instance,
             origin: Instant::now(),
             shutdown: CancellationToken::new(),
+            enrollments: OnceLock::new(),
         })
     }
 

@@ -262,7 +262,19 @@ pub fn check_spec(
     workspace: &std::path::Path,
     spec: &ProcessStartParams,
 ) -> Result<(), RpcError> {
-    resolve_cwd(workspace, spec.cwd.as_deref())?;
+    let cwd = resolve_cwd(workspace, spec.cwd.as_deref())?;
+    // A bound executor (docs/runner.md) refuses up front what would
+    // otherwise be a failed spawn: its callers need the one answer.
+    if shared.config.workspace.is_some() && !cwd.is_dir() {
+        return Err(RpcError::new(
+            crate::wire::ErrorCode::Forbidden,
+            format!(
+                "invalid working directory: {} is not a directory",
+                cwd.display()
+            ),
+        )
+        .with_reason("invalid_cwd"));
+    }
     shared
         .config
         .child_env()
@@ -274,8 +286,11 @@ fn resolve_cwd(workspace: &std::path::Path, cwd: Option<&str>) -> Result<PathBuf
     match cwd {
         None => Ok(workspace.to_path_buf()),
         Some(c) => crate::tools::boundary::resolve(workspace, c).map_err(|e| {
-            RpcError::new(crate::wire::ErrorCode::Forbidden, format!("cwd: {e}"))
-                .with_reason("workspace_boundary")
+            RpcError::new(
+                crate::wire::ErrorCode::Forbidden,
+                format!("invalid working directory: {e}"),
+            )
+            .with_reason("workspace_boundary")
         }),
     }
 }

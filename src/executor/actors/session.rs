@@ -1040,7 +1040,7 @@ impl Session {
                 .await;
         state.forget_processes();
         state.children.stop_all().await;
-        if !keep_workspace {
+        if !keep_workspace && state.shared.config.workspace.is_none() {
             if let Err(e) = tokio::fs::remove_dir_all(&state.workspace).await {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(error = %e, "cannot remove the workspace");
@@ -1077,7 +1077,11 @@ impl Actor for Session {
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
         let p = args.params;
-        let workspace = workspace_dir(&args.shared.config.work_root, &p.session_id);
+        let workspace = match &args.shared.config.workspace {
+            // Bound: the one workspace, shared by every session, never removed.
+            Some(ws) => ws.clone(),
+            None => workspace_dir(&args.shared.config.work_root, &p.session_id),
+        };
         tokio::fs::create_dir_all(&workspace).await?;
         let workspace = tokio::fs::canonicalize(&workspace).await?;
         let reads = args.shared.limits().concurrent_process_reads() as usize;
@@ -1171,7 +1175,9 @@ impl Actor for Session {
             // in-flight requests answered), then whatever is left dies.
             state.children.stop_all().await;
             crate::process::sys::kill_tree(None, None, &state.scope);
-            let _ = tokio::fs::remove_dir_all(&state.workspace).await;
+            if state.shared.config.workspace.is_none() {
+                let _ = tokio::fs::remove_dir_all(&state.workspace).await;
+            }
         }
         state.children.stop_all().await;
         Ok(())

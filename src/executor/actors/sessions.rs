@@ -200,10 +200,12 @@ impl Sessions {
                     None,
                     &super::session::session_scope(&state.shared.instance, &session_id),
                 );
-                let _ = std::fs::remove_dir_all(super::session::workspace_dir(
-                    &state.shared.config.work_root,
-                    &session_id,
-                ));
+                if state.shared.config.workspace.is_none() {
+                    let _ = std::fs::remove_dir_all(super::session::workspace_dir(
+                        &state.shared.config.work_root,
+                        &session_id,
+                    ));
+                }
                 EndReason::INTERNAL_ERROR.to_owned()
             }
             (_, Some(reason)) => reason,
@@ -251,9 +253,12 @@ impl Actor for Sessions {
             tracing::error!(session = %session_id, "session lost with a crashed sessions actor; ending it");
             let scope = super::session::session_scope(&shared.instance, &session_id);
             let workspace = super::session::workspace_dir(&shared.config.work_root, &session_id);
+            let bound = shared.config.workspace.is_some();
             let _ = tokio::task::spawn_blocking(move || {
                 crate::process::sys::kill_scope(None, &scope);
-                let _ = std::fs::remove_dir_all(workspace);
+                if !bound {
+                    let _ = std::fs::remove_dir_all(workspace);
+                }
             })
             .await;
             let params = EndedParams {

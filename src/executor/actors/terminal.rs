@@ -162,6 +162,14 @@ pub fn validate(shared: &Shared, spec: &TerminalOpenParams) -> Result<(), RpcErr
         .child_env()
         .check(spec.env.as_ref())
         .map_err(|e| env_refusal(&e))?;
+    if let (Some(ws), Some(c)) = (&shared.config.workspace, &spec.cwd) {
+        if let Err(e) = crate::tools::boundary::resolve(ws, c) {
+            return Err(
+                RpcError::invalid_params(format!("invalid working directory: {e}"))
+                    .with_reason("workspace_boundary"),
+            );
+        }
+    }
     let cwd = cwd(shared, spec);
     if !cwd.is_dir() {
         return Err(RpcError::invalid_params(format!(
@@ -174,7 +182,16 @@ pub fn validate(shared: &Shared, spec: &TerminalOpenParams) -> Result<(), RpcErr
 
 /// `cwd`, else `$HOME`, else the work root (terminals belong to the
 /// executor, not to a session workspace).
+///
+/// A bound executor resolves it inside its workspace (symlinks followed)
+/// and defaults to the workspace; `validate` refused anything outside.
 fn cwd(shared: &Shared, spec: &TerminalOpenParams) -> PathBuf {
+    if let Some(ws) = &shared.config.workspace {
+        return match &spec.cwd {
+            Some(c) => crate::tools::boundary::resolve(ws, c).unwrap_or_else(|_| ws.clone()),
+            None => ws.clone(),
+        };
+    }
     match &spec.cwd {
         Some(c) => PathBuf::from(c),
         None => std::env::var_os("HOME")

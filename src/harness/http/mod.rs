@@ -1,5 +1,6 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
+pub mod enrollments;
 pub mod listener;
 pub mod mcp;
 pub mod openapi;
@@ -54,6 +55,18 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/health", get(health))
         .route("/v1/executors", get(list_executors))
+        .route(
+            "/v1/enrollments",
+            get(enrollments::list).post(enrollments::create),
+        )
+        .route("/v1/enrollments/poll", post(enrollments::poll))
+        .route("/v1/enrollments/approve", post(enrollments::approve))
+        .route("/v1/enrollments/deny", post(enrollments::deny))
+        .route("/v1/credentials", get(enrollments::credentials))
+        .route(
+            "/v1/credentials/{id}",
+            axum::routing::delete(enrollments::revoke),
+        )
         .route("/v1/sessions", get(list_sessions).post(create_session))
         .route("/v1/sessions/{id}", get(get_session).delete(delete_session))
         .route(
@@ -147,8 +160,9 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response {
     if let Some(token) = &app.shared.config.api_token {
         let path = req.uri().path();
-        let own_credential =
-            path == CONNECT_PATH || path.starts_with(&format!("{}/", relay::RELAY_PATH));
+        let own_credential = path == CONNECT_PATH
+            || path.starts_with(&format!("{}/", relay::RELAY_PATH))
+            || enrollments::is_public(req.method(), path);
         if !own_credential {
             let ok = transport::bearer(req.headers()).is_some_and(|t| same_secret(t, token));
             if !ok {

@@ -1,0 +1,63 @@
+//! What the harness keeps across restarts: device enrollments and the
+//! executor credentials they issued (docs/runner.md).
+//!
+//! Behind a trait so a scaled-out harness can put PostgreSQL behind the
+//! same calls; the default is embedded SQLite ([`sqlite::SqliteStore`]):
+//! no server to run, one file in the data directory, and bundled so every
+//! machine gets the same engine. Secrets are never stored: device codes
+//! and tokens are kept as SHA-256 hashes, and the token itself only exists
+//! in the one poll answer that hands it out.
+//!
+//! Calls block (a disk write); async callers run them on the blocking
+//! pool (`tokio::task::spawn_blocking`).
+
+pub mod sqlite;
+
+use crate::harness::enroll::Enrollment;
+use serde::Serialize;
+
+pub use sqlite::SqliteStore;
+
+/// Why a store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("store: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("store: the database is at schema version {found}, newer than this bmx ({known})")]
+    TooNew { found: i64, known: i64 },
+    #[error("store: corrupt row: {0}")]
+    Corrupt(String),
+}
+
+/// An issued executor credential (never the token, only its hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Credential {
+    pub credential_id: String,
+    pub executor_id: String,
+    #[serde(skip)]
+    pub token_hash: [u8; 32],
+    pub enrollment_id: String,
+    pub workspace: String,
+    pub display_name: String,
+    pub created_at_ms: u64,
+    pub revoked_at_ms: Option<u64>,
+}
+
+/// Enrollments and credentials.
+pub trait Store: Send + Sync {
+    /// Insert or replace an enrollment (by id).
+    fn put_enrollment(&self, e: &Enrollment) -> Result<(), StoreError>;
+    fn enrollment_by_device_hash(&self, hash: &[u8; 32]) -> Result<Option<Enrollment>, StoreError>;
+    fn enrollment_by_user_code(&self, code: &str) -> Result<Option<Enrollment>, StoreError>;
+    /// All enrollments, newest first, at most `limit`.
+    fn enrollments(&self, limit: usize) -> Result<Vec<Enrollment>, StoreError>;
+    /// Save the enrollment and insert the credential in one transaction:
+    /// the token is handed out only if both are durable.
+    fn issue(&self, e: &Enrollment, c: &Credential) -> Result<(), StoreError>;
+    fn credentials(&self) -> Result<Vec<Credential>, StoreError>;
+    /// Mark revoked; `None` if there is no such credential.
+    fn revoke(&self, credential_id: &str, now_ms: u64) -> Result<Option<Credential>, StoreError>;
+}

@@ -1,0 +1,390 @@
+//! The embedded store: SQLite (bundled) in `<data-dir>/harness.db`.
+//!
+//! Schema changes are numbered migrations applied in order inside one
+//! transaction each, from the very first table on; `PRAGMA user_version`
+//! records the last one applied, and a database from a newer bmx is
+//! refused rather than misread.
+
+use super::{Credential, Store, StoreError};
+use crate::harness::enroll::{Enrollment, Status};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Migration N is `MIGRATIONS[N-1]`. Append only; never edit one that shipped.
+const MIGRATIONS: &[&str] = &[
+    // 1: enrollments and credentials.
+    "CREATE TABLE enrollments (
+        id TEXT PRIMARY KEY,
+        device_code_hash BLOB NOT NULL UNIQUE,
+        user_code TEXT NOT NULL UNIQUE,
+        workspace TEXT NOT NULL,
+        display_name TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER NOT NULL,
+        interval_ms INTEGER NOT NULL,
+        last_poll_ms INTEGER,
+        status TEXT NOT NULL,
+        credential_id TEXT,
+        executor_id TEXT
+    );
+    CREATE TABLE credentials (
+        id TEXT PRIMARY KEY,
+        executor_id TEXT NOT NULL UNIQUE,
+        token_hash BLOB NOT NULL UNIQUE,
+        enrollment_id TEXT NOT NULL,
+        workspace TEXT NOT NULL,
+        display_name TEXT NOT NULL,
+        created_at_ms INTEGER NOT NULL,
+        revoked_at_ms INTEGER
+    );",
+];
+
+/// The SQLite store. One connection behind a mutex: the harness's write
+/// rate (enrollments, revocations) is tiny.
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Open (creating) `<dir>/harness.db`; the directory is created 0700.
+    ///
+    /// # Errors
+    ///
+    /// The directory or database cannot be created, or its schema is newer.
+    pub fn open_dir(dir: &Path) -> Result<SqliteStore, StoreError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        Self::open(&dir.join("harness.db"))
+    }
+
+    /// Open (creating) the database file at `path` and migrate it.
+    ///
+    /// # Errors
+    ///
+    /// As [`open_dir`](Self::open_dir).
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory store (tests, embedders that keep nothing).
+    ///
+    /// # Errors
+    ///
+    /// SQLite cannot start.
+    pub fn in_memory() -> Result<SqliteStore, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<SqliteStore, StoreError> {
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        migrate(&mut conn)?;
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// The schema version (the number of migrations applied).
+    ///
+    /// # Errors
+    ///
+    /// SQLite fails.
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        Ok(self
+            .lock()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))?)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Apply every migration past the recorded version, each in its own
+/// transaction together with its version bump.
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let known = MIGRATIONS.len() as i64;
+    // Two harnesses may open one data dir at once: the version is read
+    // and bumped inside one write transaction (BEGIN IMMEDIATE), so only
+    // one of them applies each migration.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let found: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > known {
+        return Err(StoreError::TooNew { found, known });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tracing::info!(version = i + 1, "store migrated");
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+const ENROLLMENT_COLUMNS: &str = "id, device_code_hash, user_code, workspace, display_name, \
+    fingerprint, created_at_ms, expires_at_ms, interval_ms, last_poll_ms, status, \
+    credential_id, executor_id";
+
+fn hash_of(v: Vec<u8>) -> Result<[u8; 32], rusqlite::Error> {
+    v.try_into().map_err(|_| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Blob,
+            "hash is not 32 bytes".into(),
+        )
+    })
+}
+
+fn enrollment_row(r: &Row<'_>) -> Result<Enrollment, rusqlite::Error> {
+    let status: String = r.get(10)?;
+    let status = Status::parse(&status).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            10,
+            rusqlite::types::Type::Text,
+            format!("unknown status {status:?}").into(),
+        )
+    })?;
+    Ok(Enrollment {
+        id: r.get(0)?,
+        device_code_hash: hash_of(r.get(1)?)?,
+        user_code: r.get(2)?,
+        workspace: r.get(3)?,
+        display_name: r.get(4)?,
+        fingerprint: r.get(5)?,
+        created_at_ms: r.get::<_, i64>(6)? as u64,
+        expires_at_ms: r.get::<_, i64>(7)? as u64,
+        interval_ms: r.get::<_, i64>(8)? as u64,
+        last_poll_ms: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
+        status,
+        credential_id: r.get(11)?,
+        executor_id: r.get(12)?,
+    })
+}
+
+fn credential_row(r: &Row<'_>) -> Result<Credential, rusqlite::Error> {
+    Ok(Credential {
+        credential_id: r.get(0)?,
+        executor_id: r.get(1)?,
+        token_hash: hash_of(r.get(2)?)?,
+        enrollment_id: r.get(3)?,
+        workspace: r.get(4)?,
+        display_name: r.get(5)?,
+        created_at_ms: r.get::<_, i64>(6)? as u64,
+        revoked_at_ms: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
+    })
+}
+
+const CREDENTIAL_COLUMNS: &str = "id, executor_id, token_hash, enrollment_id, workspace, \
+    display_name, created_at_ms, revoked_at_ms";
+
+fn put(conn: &Connection, e: &Enrollment) -> Result<(), rusqlite::Error> {
+    conn.execute(
+        &format!(
+            "INSERT OR REPLACE INTO enrollments ({ENROLLMENT_COLUMNS}) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+        ),
+        params![
+            e.id,
+            &e.device_code_hash[..],
+            e.user_code,
+            e.workspace,
+            e.display_name,
+            e.fingerprint,
+            e.created_at_ms as i64,
+            e.expires_at_ms as i64,
+            e.interval_ms as i64,
+            e.last_poll_ms.map(|v| v as i64),
+            e.status.as_str(),
+            e.credential_id,
+            e.executor_id,
+        ],
+    )?;
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn put_enrollment(&self, e: &Enrollment) -> Result<(), StoreError> {
+        Ok(put(&self.lock(), e)?)
+    }
+
+    fn enrollment_by_device_hash(&self, hash: &[u8; 32]) -> Result<Option<Enrollment>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(
+                &format!(
+                    "SELECT {ENROLLMENT_COLUMNS} FROM enrollments WHERE device_code_hash = ?1"
+                ),
+                params![&hash[..]],
+                enrollment_row,
+            )
+            .optional()?)
+    }
+
+    fn enrollment_by_user_code(&self, code: &str) -> Result<Option<Enrollment>, StoreError> {
+        Ok(self
+            .lock()
+            .query_row(
+                &format!("SELECT {ENROLLMENT_COLUMNS} FROM enrollments WHERE user_code = ?1"),
+                params![code],
+                enrollment_row,
+            )
+            .optional()?)
+    }
+
+    fn enrollments(&self, limit: usize) -> Result<Vec<Enrollment>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {ENROLLMENT_COLUMNS} FROM enrollments ORDER BY created_at_ms DESC, id LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map(params![limit as i64], enrollment_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn issue(&self, e: &Enrollment, c: &Credential) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        put(&tx, e)?;
+        tx.execute(
+            &format!(
+                "INSERT INTO credentials ({CREDENTIAL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+            ),
+            params![
+                c.credential_id,
+                c.executor_id,
+                &c.token_hash[..],
+                c.enrollment_id,
+                c.workspace,
+                c.display_name,
+                c.created_at_ms as i64,
+                c.revoked_at_ms.map(|v| v as i64),
+            ],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn credentials(&self) -> Result<Vec<Credential>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {CREDENTIAL_COLUMNS} FROM credentials ORDER BY created_at_ms, id"
+        ))?;
+        let rows = stmt.query_map([], credential_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn revoke(&self, credential_id: &str, now_ms: u64) -> Result<Option<Credential>, StoreError> {
+        let conn = self.lock();
+        conn.execute(
+            "UPDATE credentials SET revoked_at_ms = ?2 WHERE id = ?1 AND revoked_at_ms IS NULL",
+            params![credential_id, now_ms as i64],
+        )?;
+        Ok(conn
+            .query_row(
+                &format!("SELECT {CREDENTIAL_COLUMNS} FROM credentials WHERE id = ?1"),
+                params![credential_id],
+                credential_row,
+            )
+            .optional()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enrollment(id: &str, code: &str, byte: u8) -> Enrollment {
+        Enrollment::new(
+            id.into(),
+            [byte; 32],
+            code.into(),
+            "/ws".into(),
+            "laptop".into(),
+            "fp".into(),
+            1_000,
+            60_000,
+            500,
+        )
+    }
+
+    #[test]
+    fn migrations_are_versioned_and_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open_dir(dir.path()).unwrap();
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        s.put_enrollment(&enrollment("e1", "AAAA-BBBB", 1)).unwrap();
+        drop(s);
+        // Reopening applies nothing twice and keeps the rows.
+        let s = SqliteStore::open_dir(dir.path()).unwrap();
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        assert_eq!(s.enrollments(10).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("harness.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        drop(conn);
+        assert!(matches!(
+            SqliteStore::open(&path),
+            Err(StoreError::TooNew { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn enrollments_and_credentials_round_trip() {
+        let s = SqliteStore::in_memory().unwrap();
+        let mut e = enrollment("e1", "AAAA-BBBB", 7);
+        s.put_enrollment(&e).unwrap();
+        assert_eq!(
+            s.enrollment_by_device_hash(&[7; 32]).unwrap(),
+            Some(e.clone())
+        );
+        assert_eq!(
+            s.enrollment_by_user_code("AAAA-BBBB").unwrap(),
+            Some(e.clone())
+        );
+        assert_eq!(s.enrollment_by_user_code("ZZZZ-ZZZZ").unwrap(), None);
+        e.approve(2_000, "cred-1".into(), "r-1".into()).unwrap();
+        s.put_enrollment(&e).unwrap();
+        let c = Credential {
+            credential_id: "cred-1".into(),
+            executor_id: "r-1".into(),
+            token_hash: [9; 32],
+            enrollment_id: "e1".into(),
+            workspace: "/ws".into(),
+            display_name: "laptop".into(),
+            created_at_ms: 3_000,
+            revoked_at_ms: None,
+        };
+        s.issue(&e, &c).unwrap();
+        assert_eq!(s.credentials().unwrap(), vec![c.clone()]);
+        // The same token hash twice is refused (and nothing half-written).
+        let dup = Credential {
+            credential_id: "cred-2".into(),
+            executor_id: "r-2".into(),
+            ..c.clone()
+        };
+        assert!(s.issue(&e, &dup).is_err());
+        assert_eq!(s.credentials().unwrap().len(), 1);
+        let revoked = s.revoke("cred-1", 4_000).unwrap().unwrap();
+        assert_eq!(revoked.revoked_at_ms, Some(4_000));
+        // Revoking again keeps the first time.
+        assert_eq!(
+            s.revoke("cred-1", 5_000).unwrap().unwrap().revoked_at_ms,
+            Some(4_000)
+        );
+        assert_eq!(s.revoke("nope", 5_000).unwrap(), None);
+    }
+}
