@@ -127,12 +127,12 @@ impl DetachMatcher {
 
 /// The local tty in raw mode; restored when dropped (every exit path,
 /// including errors and panics that unwind).
-struct RawMode {
+pub(super) struct RawMode {
     saved: nix::sys::termios::Termios,
 }
 
 impl RawMode {
-    fn enter() -> Option<RawMode> {
+    pub(super) fn enter() -> Option<RawMode> {
         use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
         let stdin = std::io::stdin();
         let saved = tcgetattr(&stdin).ok()?;
@@ -151,7 +151,7 @@ impl Drop for RawMode {
 }
 
 /// The local tty's size (stdin, stdout or stderr, whichever is a tty).
-fn tty_size() -> Option<(u16, u16)> {
+pub(super) fn tty_size() -> Option<(u16, u16)> {
     for fd in [0, 1, 2] {
         let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
         // SAFETY: TIOCGWINSZ writes a winsize into the pointer we pass.

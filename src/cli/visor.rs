@@ -2,6 +2,7 @@
 //! socket (`ls`, `start`, `send`, `screen`, `stop`, `events`, `purge`),
 //! with human output or `--json`.
 
+use super::attach::{tty_size, RawMode};
 use bmx::visor::client::{self, ClientError};
 use bmx::visor::{home_dir, socket_path};
 use clap::{Args, Subcommand};
@@ -289,37 +290,6 @@ async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// The local tty in raw mode; restored when dropped.
-struct RawMode {
-    saved: nix::sys::termios::Termios,
-}
-
-impl RawMode {
-    fn enter() -> Option<RawMode> {
-        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
-        let stdin = std::io::stdin();
-        let saved = tcgetattr(&stdin).ok()?;
-        let mut raw = saved.clone();
-        cfmakeraw(&mut raw);
-        tcsetattr(&stdin, SetArg::TCSANOW, &raw).ok()?;
-        Some(RawMode { saved })
-    }
-}
-
-impl Drop for RawMode {
-    fn drop(&mut self) {
-        use nix::sys::termios::{tcsetattr, SetArg};
-        let _ = tcsetattr(std::io::stdin(), SetArg::TCSANOW, &self.saved);
-    }
-}
-
-fn tty_size() -> Option<(u16, u16)> {
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes a winsize into the pointer we pass.
-    let r = unsafe { libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) };
-    (r == 0 && ws.ws_col > 0 && ws.ws_row > 0).then_some((ws.ws_col, ws.ws_row))
 }
 
 /// Stdin on a thread of its own (a blocking read in tokio's pool would
