@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{frame::coding::CloseCode, CloseFrame, Role};
 use tokio_tungstenite::tungstenite::Message;
 
@@ -542,18 +541,9 @@ where
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let headers = req.headers();
-    let is_ws = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let Some(key) = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .cloned()
-        .filter(|_| is_ws)
-    else {
+    let Some(accept) = crate::wire::transport::ws_accept(headers) else {
         return VisorError::Invalid("expected a WebSocket upgrade".into()).into_response();
     };
-    let accept = derive_accept_key(key.as_bytes());
     let on_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         match on_upgrade.await {

@@ -32,10 +32,6 @@ use tokio::sync::{mpsc, watch};
 
 /// Output kept per session (numbered chunks).
 pub const SCROLLBACK_BYTES: usize = 1 << 20;
-/// Queued writes to the PTY before `busy`.
-const INPUT_QUEUE: usize = 256;
-/// How long the exit report waits for the reader to drain the PTY.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// Between SIGTERM/SIGHUP and SIGKILL on `stop`.
 pub const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Prefix of the stop reason of a run that ended unexpectedly under a
@@ -395,32 +391,18 @@ impl Actor for SessionActor {
             Err(e) => return Err(format!("{LOST}: cannot start {}: {e}", argv[0]).into()),
         };
         data.output.poke_taken();
-        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-        tokio::spawn(pty::writer(spawned.master.try_clone()?, rx));
-        let me = myself.clone();
-        let reader = tokio::spawn(pty::reader(
-            spawned.master.try_clone()?,
-            data.output.clone(),
-            move || me.send_message(SessionMsg::Output).is_ok(),
-        ));
-        let (me, mut child, pid, scope) = (
-            myself.clone(),
+        let (poke, done) = (myself.clone(), myself.clone());
+        let tx = pty::run(
+            &spawned.master,
             spawned.child,
             spawned.pid,
+            data.output.clone(),
             data.scope.clone(),
-        );
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            sys::release_owned(pid);
-            let code = status.map(pty::exit_code).unwrap_or(-1);
-            // What the program left running dies with it (no orphans), which
-            // also closes the last slave descriptors, so the reader ends.
-            let p = pid as i32;
-            let _ =
-                tokio::task::spawn_blocking(move || sys::kill_tree(Some(p), Some(p), &scope)).await;
-            let _ = tokio::time::timeout(DRAIN_WAIT, reader).await;
-            let _ = me.send_message(SessionMsg::Exited(code));
-        });
+            move || poke.send_message(SessionMsg::Output).is_ok(),
+            move |code| {
+                let _ = done.send_message(SessionMsg::Exited(code));
+            },
+        )?;
         lock(&data.record).pid = Some(spawned.pid);
         *lock(&data.actor) = Some(myself.clone());
         if first {

@@ -187,6 +187,18 @@ pub async fn client_handshake(
     })
 }
 
+/// The `Sec-WebSocket-Accept` for a WebSocket upgrade request, `None` if
+/// it is not one (no `Upgrade: websocket` or no key). Every server-side
+/// upgrade (harness routes, the visor socket) answers through this.
+pub fn ws_accept(headers: &HeaderMap) -> Option<String> {
+    let is_ws = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let key = headers.get(header::SEC_WEBSOCKET_KEY).filter(|_| is_ws)?;
+    Some(tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()))
+}
+
 /// The bearer token of an upgrade request.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers

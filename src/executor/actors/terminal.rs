@@ -34,19 +34,14 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use stream::NotifyStream;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Queued input writes before -32015.
-const INPUT_QUEUE: usize = 256;
 /// Streams attached at once; a new one past this evicts the least recently
 /// attached or acknowledged (the protocol has no detach, so viewers that
 /// went away must not hold slots forever).
 pub const MAX_STREAMS: usize = 16;
-/// How long the exit report waits for the reader to drain the PTY.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 pub enum TerminalMsg {
     /// `terminal.open` of an existing (or just started) terminal: answer the
@@ -492,32 +487,18 @@ impl Actor for TerminalActor {
         )
         .map_err(|e| format!("{}: {e}", argv[0]))?;
         let output = pty::Output::new(args.shared.config.terminal_scrollback_bytes);
-        let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-        tokio::spawn(pty::writer(spawned.master.try_clone()?, rx));
-        let me = myself.clone();
-        let reader = tokio::spawn(pty::reader(
-            spawned.master.try_clone()?,
-            output.clone(),
-            move || me.send_message(TerminalMsg::Output).is_ok(),
-        ));
-        let (me, mut child, pid, scope) = (
-            myself.clone(),
+        let (poke, done) = (myself.clone(), myself.clone());
+        let tx = pty::run(
+            &spawned.master,
             spawned.child,
             spawned.pid,
+            output.clone(),
             args.scope.clone(),
-        );
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            sys::release_owned(pid);
-            let code = status.map(pty::exit_code).unwrap_or(-1);
-            // What the program left running dies with it (no orphans); that
-            // also closes the last slave descriptors, so the reader ends.
-            let p = pid as i32;
-            let _ =
-                tokio::task::spawn_blocking(move || sys::kill_tree(Some(p), Some(p), &scope)).await;
-            let _ = tokio::time::timeout(DRAIN_WAIT, reader).await;
-            let _ = me.send_message(TerminalMsg::Exited(code));
-        });
+            move || poke.send_message(TerminalMsg::Output).is_ok(),
+            move |code| {
+                let _ = done.send_message(TerminalMsg::Exited(code));
+            },
+        )?;
         tracing::info!(terminal = %spec.terminal_id, pid = spawned.pid, argv = ?argv, "terminal opened");
         Ok(TerminalState {
             shared: args.shared,

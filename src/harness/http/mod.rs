@@ -26,7 +26,6 @@ use http::{header, HeaderValue, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::sync::Arc;
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tracing::Instrument;
 
 #[derive(Clone)]
@@ -194,15 +193,7 @@ async fn connect(State(app): State<App>, req: Request) -> Response {
         tracing::info!("executor upgrade refused: bad credential");
         return ApiError::unauthorized().into_response();
     };
-    let is_ws = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let Some(key) = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .cloned()
-        .filter(|_| is_ws)
-    else {
+    let Some(accept) = transport::ws_accept(headers) else {
         return ApiError::bad_request("expected a WebSocket upgrade").into_response();
     };
     let Some(proto) = transport::negotiate(headers, &shared.config.subprotocols) else {
@@ -215,7 +206,6 @@ async fn connect(State(app): State<App>, req: Request) -> Response {
         )
         .into_response();
     };
-    let accept = derive_accept_key(key.as_bytes());
     let on_upgrade = hyper::upgrade::on(req);
     let max = shared.config.max_mcp_frame_bytes;
     tokio::spawn(async move {

@@ -38,7 +38,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use http::{header, HeaderMap, StatusCode};
+use http::{header, StatusCode};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -46,7 +46,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -255,16 +254,7 @@ pub fn relay_base(public_url: Option<&str>, bound: SocketAddr) -> Result<String,
     }
 }
 
-/// The `Sec-WebSocket-Accept` for a WebSocket upgrade request, `None` if
-/// it is not one.
-pub(crate) fn ws_accept(headers: &HeaderMap) -> Option<String> {
-    let is_ws = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let key = headers.get(header::SEC_WEBSOCKET_KEY).filter(|_| is_ws)?;
-    Some(derive_accept_key(key.as_bytes()))
-}
+pub(crate) use crate::wire::transport::ws_accept;
 
 pub(crate) fn switching(accept: String, subprotocol: Option<&'static str>) -> Response {
     let mut b = Response::builder()

@@ -159,6 +159,41 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
         .unwrap_or(-1)
 }
 
+/// Queued input writes to a PTY before the caller says busy.
+pub const INPUT_QUEUE: usize = 256;
+/// How long the exit report waits for the reader to drain the PTY.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Run a spawned program's I/O (its master, child and pid): a [`writer`] fed by the returned sender,
+/// a [`reader`] into `output` (poking with `poke`), and a watcher that,
+/// when the program exits, kills what it left running in `scope` (no
+/// orphans; that also closes the last slave descriptors so the reader
+/// ends), lets the reader drain, then reports the exit code with
+/// `exited`. One wiring for executor terminals and visor PTY sessions.
+pub fn run(
+    master: &OwnedFd,
+    mut child: tokio::process::Child,
+    pid: u32,
+    output: Arc<Output>,
+    scope: String,
+    poke: impl Fn() -> bool + Send + 'static,
+    exited: impl FnOnce(i32) + Send + 'static,
+) -> std::io::Result<mpsc::Sender<Bytes>> {
+    let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+    tokio::spawn(writer(master.try_clone()?, rx));
+    let reader = tokio::spawn(reader(master.try_clone()?, output, poke));
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        sys::release_owned(pid);
+        let code = status.map(exit_code).unwrap_or(-1);
+        let p = pid as i32;
+        let _ = tokio::task::spawn_blocking(move || sys::kill_tree(Some(p), Some(p), &scope)).await;
+        let _ = tokio::time::timeout(DRAIN_WAIT, reader).await;
+        exited(code);
+    });
+    Ok(tx)
+}
+
 /// Read the master until EOF/EIO, numbering each read as one chunk. Never
 /// waits on anyone: the scrollback drops its oldest chunks when full, and
 /// the actor is poked (at most one poke queued) rather than sent the bytes.
