@@ -7,11 +7,22 @@
 //! acknowledged) when the run ends: another kind of update comes, a
 //! message grows past [`MAX_TEXT`], or the turn ends. Tool calls become
 //! `agent.tool_use`, their completion `agent.tool_result`.
+//!
+//! Chunks that arrive together (one read of the agent's pipe, see
+//! [`TurnEvents::updates`]) go out as **one** delta with their texts
+//! joined, up to [`MAX_DELTA`]: when the agent writes faster than the
+//! platform reads, per-delta costs (an actor hop, a WebSocket frame, an SSE
+//! event) would otherwise cap the rate; when it writes slowly, every batch
+//! is one chunk and nothing waits. `index` counts the deltas of an event
+//! (0, 1, 2, …), so a gap in it is a lost delta.
 
 use serde_json::{json, Value};
 
 /// Text kept for one event before it is cut into the next.
 pub const MAX_TEXT: usize = 256 << 10;
+
+/// Text joined into one delta at most (chunks of one batch merge up to it).
+pub const MAX_DELTA: usize = 64 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -32,7 +43,26 @@ struct Open {
     kind: Kind,
     event_id: String,
     text: String,
+    /// The next delta's index.
     index: u64,
+    /// Text of this batch not yet sent as a delta.
+    pending: String,
+}
+
+impl Open {
+    /// Send what is pending as one delta.
+    fn flush(&mut self, out: &mut Vec<Emit>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        out.push(Emit::Delta {
+            event_id: self.event_id.clone(),
+            event_type: self.kind.event_type(),
+            index: self.index,
+            text: std::mem::take(&mut self.pending),
+        });
+        self.index += 1;
+    }
 }
 
 /// What to send.
@@ -77,12 +107,17 @@ impl TurnEvents {
         }
     }
 
-    fn close(&mut self) -> Option<Emit> {
-        let open = self.open.take()?;
-        Some(Emit::Event {
-            event_id: open.event_id,
-            event: json!({"type": open.kind.event_type(), "text": open.text}),
-        })
+    /// End the open event: its pending delta, then the final event.
+    fn close(&mut self) -> Vec<Emit> {
+        let mut out = Vec::new();
+        if let Some(mut open) = self.open.take() {
+            open.flush(&mut out);
+            out.push(Emit::Event {
+                event_id: open.event_id,
+                event: json!({"type": open.kind.event_type(), "text": open.text}),
+            });
+        }
+        out
     }
 
     fn text(&mut self, kind: Kind, text: &str) -> Vec<Emit> {
@@ -99,17 +134,15 @@ impl TurnEvents {
                 event_id,
                 text: String::new(),
                 index: 0,
+                pending: String::new(),
             });
         }
         if let Some(open) = self.open.as_mut() {
+            if open.pending.len() + text.len() > MAX_DELTA {
+                open.flush(&mut out);
+            }
             open.text.push_str(text);
-            out.push(Emit::Delta {
-                event_id: open.event_id.clone(),
-                event_type: kind.event_type(),
-                index: open.index,
-                text: text.to_owned(),
-            });
-            open.index += 1;
+            open.pending.push_str(text);
         }
         out
     }
@@ -122,12 +155,29 @@ impl TurnEvents {
     /// One `session/update` (its `update` member, already checked against
     /// the ACP schema by the caller).
     pub fn update(&mut self, update: &Value) -> Vec<Emit> {
+        self.updates(std::slice::from_ref(update))
+    }
+
+    /// Updates that arrived together, in order: the text chunks among them
+    /// that follow one another in one event go out as one delta.
+    pub fn updates(&mut self, updates: &[Value]) -> Vec<Emit> {
+        let mut out = Vec::new();
+        for u in updates {
+            out.extend(self.apply(u));
+        }
+        if let Some(open) = self.open.as_mut() {
+            open.flush(&mut out);
+        }
+        out
+    }
+
+    fn apply(&mut self, update: &Value) -> Vec<Emit> {
         let text = || update["content"]["text"].as_str().unwrap_or("");
         match update["sessionUpdate"].as_str().unwrap_or("") {
             "agent_message_chunk" => self.text(Kind::Message, text()),
             "agent_thought_chunk" => self.text(Kind::Thinking, text()),
             "tool_call" => {
-                let mut out: Vec<Emit> = self.close().into_iter().collect();
+                let mut out = self.close();
                 let mut event = json!({
                     "type": "agent.tool_use",
                     "toolUseId": update["toolCallId"],
@@ -144,7 +194,7 @@ impl TurnEvents {
             }
             "tool_call_update" => match update["status"].as_str() {
                 Some(status @ ("completed" | "failed")) => {
-                    let mut out: Vec<Emit> = self.close().into_iter().collect();
+                    let mut out = self.close();
                     let mut event = json!({
                         "type": "agent.tool_result",
                         "toolUseId": update["toolCallId"],
@@ -165,7 +215,7 @@ impl TurnEvents {
 
     /// The turn failed (the agent crashed, refused, garbled).
     pub fn error(&mut self, kind: &str, message: &str) -> Vec<Emit> {
-        let mut out: Vec<Emit> = self.close().into_iter().collect();
+        let mut out = self.close();
         out.push(
             self.event(
                 json!({"type": "session.error", "error": {"type": kind, "message": message}}),
@@ -176,7 +226,7 @@ impl TurnEvents {
 
     /// The turn ended: what is open, then `session.status_idle`.
     pub fn idle(&mut self, stop_reason: &str, outcome: &str) -> Vec<Emit> {
-        let mut out: Vec<Emit> = self.close().into_iter().collect();
+        let mut out = self.close();
         out.push(self.event(json!({
             "type": "session.status_idle",
             "stopReason": {"type": stop_reason},
@@ -266,5 +316,130 @@ mod tests {
             .filter(|e| matches!(e, Emit::Event { event, .. } if event["type"] == "agent.message"))
             .count();
         assert_eq!(texts, 2);
+    }
+
+    #[test]
+    fn chunks_that_arrive_together_are_one_delta() {
+        let mut t = TurnEvents::new("t");
+        let batch: Vec<Value> = ["a", "b", "c"]
+            .iter()
+            .map(|x| chunk("agent_message_chunk", x))
+            .collect();
+        let out = t.updates(&batch);
+        assert_eq!(
+            out,
+            [Emit::Delta {
+                event_id: "t.1".into(),
+                event_type: "agent.message",
+                index: 0,
+                text: "abc".into()
+            }]
+        );
+        // The next batch's delta is the event's second.
+        let out = t.update(&chunk("agent_message_chunk", "d"));
+        assert!(matches!(&out[..], [Emit::Delta { index: 1, text, .. }] if text == "d"));
+        // A tool call in the middle of a batch ends the run before it.
+        let out = t.updates(&[
+            chunk("agent_message_chunk", "e"),
+            json!({"sessionUpdate": "tool_call", "toolCallId": "c", "title": "x"}),
+            chunk("agent_message_chunk", "f"),
+        ]);
+        let kinds: Vec<String> = out
+            .iter()
+            .map(|e| match e {
+                Emit::Delta { text, .. } => format!("delta {text}"),
+                Emit::Event { event, .. } => format!("{} {}", event["type"], event["text"]),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "delta e",
+                "\"agent.message\" \"abcde\"",
+                "\"agent.tool_use\" null",
+                "delta f"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_big_batch_is_cut_into_deltas_of_at_most_max_delta() {
+        let mut t = TurnEvents::new("t");
+        let piece = "y".repeat(1000);
+        let batch: Vec<Value> = (0..200)
+            .map(|_| chunk("agent_message_chunk", &piece))
+            .collect();
+        let out = t.updates(&batch);
+        assert!(out.len() > 1);
+        for e in &out {
+            match e {
+                Emit::Delta { text, .. } => assert!(text.len() <= MAX_DELTA),
+                Emit::Event { .. } => panic!("no final event yet"),
+            }
+        }
+    }
+
+    mod batching {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn update() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                4 => "[a-z]{0,5}".prop_map(|t| chunk("agent_message_chunk", &t)),
+                2 => "[a-z]{0,5}".prop_map(|t| chunk("agent_thought_chunk", &t)),
+                1 => Just(json!({"sessionUpdate": "tool_call", "toolCallId": "c", "title": "x"})),
+                1 => Just(json!({"sessionUpdate": "plan"})),
+            ]
+        }
+
+        proptest! {
+            /// However the updates are batched, the final events are the
+            /// same; each event's deltas come before it, with indexes 0, 1,
+            /// 2, … and texts that join into its text.
+            #[test]
+            fn batching_changes_only_how_many_deltas(
+                updates in prop::collection::vec(update(), 0..40),
+                cuts in prop::collection::vec(1usize..6, 0..40),
+            ) {
+                let mut one = TurnEvents::new("t");
+                let mut singles = Vec::new();
+                for u in &updates {
+                    singles.extend(one.update(u));
+                }
+                singles.extend(one.idle("end_turn", "completed"));
+                let mut many = TurnEvents::new("t");
+                let mut batched = Vec::new();
+                let mut rest = &updates[..];
+                let mut cuts = cuts.iter().cycle();
+                while !rest.is_empty() {
+                    let n = (*cuts.next().unwrap_or(&1)).min(rest.len());
+                    batched.extend(many.updates(&rest[..n]));
+                    rest = &rest[n..];
+                }
+                batched.extend(many.idle("end_turn", "completed"));
+                let finals = |v: &[Emit]| -> Vec<Emit> {
+                    v.iter().filter(|e| matches!(e, Emit::Event { .. })).cloned().collect()
+                };
+                prop_assert_eq!(finals(&singles), finals(&batched));
+                let mut streamed: std::collections::HashMap<String, (u64, String)> = Default::default();
+                for e in &batched {
+                    match e {
+                        Emit::Delta { event_id, index, text, .. } => {
+                            let s = streamed.entry(event_id.clone()).or_default();
+                            prop_assert_eq!(*index, s.0);
+                            s.0 += 1;
+                            s.1.push_str(text);
+                        }
+                        Emit::Event { event_id, event } => {
+                            if let Some(text) = event["text"].as_str() {
+                                let s = streamed.remove(event_id).unwrap_or_default();
+                                prop_assert_eq!(s.1.as_str(), text);
+                            }
+                        }
+                    }
+                }
+                prop_assert!(streamed.is_empty(), "deltas after their event: {:?}", streamed);
+            }
+        }
     }
 }

@@ -7,7 +7,9 @@
 //!   prompt "many N"`; it counts the N `agent_message_chunk` updates;
 //! * `through`: an in-process harness and executor on loopback with the
 //!   same agent; the bench reads `GET /v1/sessions/{id}/events` (SSE) and
-//!   counts the N deltas (`session.event_delta`, one per chunk) until the
+//!   counts the N chunks in the deltas (`session.event_delta`: chunks that
+//!   reach the executor in one read of the agent's pipe travel as one
+//!   delta; each chunk's index is checked, in order, once) until the
 //!   turn's `session.status_idle`.
 //!
 //! The figure is chunks per second end to end; the ratio is through/direct.
@@ -46,6 +48,9 @@ pub struct TurnsReport {
     pub runs: usize,
     pub direct_chunks_per_s: f64,
     pub through_chunks_per_s: f64,
+    /// Deltas the SSE client read for the `chunks` (median run): chunks
+    /// that reach the executor together travel as one delta.
+    pub through_deltas: u64,
     /// through / direct (the target: at least 0.5).
     pub ratio: f64,
     pub paced: u64,
@@ -65,15 +70,17 @@ pub struct TurnsReport {
 impl TurnsReport {
     pub fn table(&self) -> String {
         format!(
-            "agent chunks, {} per turn, median of {} runs\n{:>16} {:>16} {:>8}\n{:>16.0} {:>16.0} {:>8.2}\n",
+            "agent chunks, {} per turn, median of {} runs\n{:>16} {:>16} {:>8} {:>10}\n{:>16.0} {:>16.0} {:>8.2} {:>10}\n",
             self.chunks,
             self.runs,
             "direct/s",
             "through/s",
             "ratio",
+            "deltas",
             self.direct_chunks_per_s,
             self.through_chunks_per_s,
-            self.ratio
+            self.ratio,
+            self.through_deltas
         ) + &format!(
             "delta latency, agent write -> reader, {} chunks {} ms apart x {} runs (us)\n{:>10} {:>10} {:>10}\n{:>10} {:>10.0} {:>10.0}\n{:>10} {:>10.0} {:>10.0}\n{:>10} {:>10.0} {:>10.0}\n",
             self.paced,
@@ -220,12 +227,20 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The age in µs of a chunk "at T" found in `text` (a line or an event).
-fn age_us(text: &str, now: u64) -> Option<f64> {
-    let at = text.split("at ").nth(1)?;
-    let digits: String = at.chars().take_while(char::is_ascii_digit).collect();
-    let stamp: u64 = digits.parse().ok()?;
-    Some(now.saturating_sub(stamp) as f64 / 1_000.0)
+/// The numbers after each `marker` in `text`, in order (`"at T"` stamps,
+/// `"chunk N"` indexes): a delta may carry several chunks.
+fn numbers_after<'a>(text: &'a str, marker: &'a str) -> impl Iterator<Item = u64> + 'a {
+    text.split(marker).skip(1).filter_map(|rest| {
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    })
+}
+
+/// The age in µs of every chunk "at T" found in `text` (a line or a delta).
+fn ages_us(text: &str, now: u64) -> impl Iterator<Item = f64> + '_ {
+    numbers_after(text, "at ").map(move |stamp| now.saturating_sub(stamp) as f64 / 1_000.0)
 }
 
 /// Latency of each `paced` chunk, agent write → this reader, read directly.
@@ -235,9 +250,7 @@ async fn direct_latency(agent: &Path, chunks: u64, gap_ms: u64) -> Result<Vec<f6
     a.prompt(&format!("paced {chunks} {gap_ms}"), |l| {
         let now = monotonic_ns();
         if l.contains("agent_message_chunk") {
-            if let Some(age) = age_us(l, now) {
-                ages.push(age);
-            }
+            ages.extend(ages_us(l, now));
         }
     })
     .await?;
@@ -306,7 +319,7 @@ fn is_delta(data: &str) -> bool {
     data.contains("\"eventType\"") && data.contains("\"index\"")
 }
 
-async fn through(agent: &Path, chunks: u64) -> Result<f64, String> {
+async fn through(agent: &Path, chunks: u64) -> Result<(f64, u64), String> {
     let (local, session, events) = through_session(agent).await?;
     let t = Instant::now();
     local
@@ -315,14 +328,31 @@ async fn through(agent: &Path, chunks: u64) -> Result<f64, String> {
             &json!({"input": format!("many {chunks}")}),
         )
         .await?;
-    let mut deltas = 0u64;
-    read_turn(events, |data, _| deltas += u64::from(is_delta(data))).await?;
+    // Chunks that reach the executor together travel as one delta: count
+    // the chunks in the deltas' text, and check they came in order, each
+    // once ("chunk N" is the agent's index).
+    let (mut next, mut disorder, mut deltas) = (0u64, None, 0u64);
+    read_turn(events, |data, _| {
+        if is_delta(data) {
+            deltas += 1;
+            for n in numbers_after(data, "chunk ") {
+                if n != next && disorder.is_none() {
+                    disorder = Some((next, n));
+                }
+                next = n + 1;
+            }
+        }
+    })
+    .await?;
     let elapsed = t.elapsed();
     local.shutdown().await;
-    if deltas != chunks {
-        return Err(format!("through: {deltas} deltas of {chunks} chunks"));
+    if let Some((want, got)) = disorder {
+        return Err(format!("through: chunk {got} where {want} was due"));
     }
-    Ok(chunks as f64 / elapsed.as_secs_f64())
+    if next != chunks {
+        return Err(format!("through: {next} chunks of {chunks}"));
+    }
+    Ok((chunks as f64 / elapsed.as_secs_f64(), deltas))
 }
 
 /// Latency of each `paced` chunk, agent write → SSE client.
@@ -337,15 +367,13 @@ async fn through_latency(agent: &Path, chunks: u64, gap_ms: u64) -> Result<Vec<f
     let mut ages = Vec::new();
     read_turn(events, |data, now| {
         if is_delta(data) {
-            if let Some(age) = age_us(data, now) {
-                ages.push(age);
-            }
+            ages.extend(ages_us(data, now));
         }
     })
     .await?;
     local.shutdown().await;
     if ages.len() as u64 != chunks {
-        return Err(format!("through: {} paced deltas of {chunks}", ages.len()));
+        return Err(format!("through: {} paced chunks of {chunks}", ages.len()));
     }
     Ok(ages)
 }
@@ -375,12 +403,15 @@ pub async fn run(opts: &TurnsOptions) -> Result<TurnsReport, String> {
     }
     dl.sort_by(|a, b| a.total_cmp(b));
     tl.sort_by(|a, b| a.total_cmp(b));
-    let (direct, through) = (median(d), median(t));
+    let direct = median(d);
+    t.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (through, through_deltas) = t[t.len() / 2];
     Ok(TurnsReport {
         chunks: opts.chunks,
         runs: opts.runs.max(1),
         direct_chunks_per_s: direct,
         through_chunks_per_s: through,
+        through_deltas,
         ratio: through / direct,
         paced: opts.paced,
         gap_ms: opts.gap_ms,

@@ -80,9 +80,14 @@ pub fn init_tracing(default: &str, format: LogFormat) {
     // tungstenite logs the raw handshake request at trace, bearer token
     // included: never below debug, whatever RUST_LOG says (secrets never
     // reach a log; tests/runner_enroll.rs checks at RUST_LOG=trace).
+    // Only when trace is on somewhere: the directive would otherwise turn
+    // the handshake's debug lines on at the default level.
+    let tracing_on = filter
+        .max_level_hint()
+        .is_none_or(|l| l == tracing_subscriber::filter::LevelFilter::TRACE);
     let filter = match "tungstenite::handshake=debug".parse() {
-        Ok(d) => filter.add_directive(d),
-        Err(_) => filter,
+        Ok(d) if tracing_on => filter.add_directive(d),
+        _ => filter,
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -28,6 +28,10 @@ use tokio::sync::{mpsc, watch};
 pub enum PeerEvent {
     /// One JSON-RPC message from the peer.
     Message(String),
+    /// Several, in order, from one read of the peer's pipe: one mailbox
+    /// message for what arrived together, so a fast peer costs an actor
+    /// hop per read, not per line.
+    Messages(Vec<String>),
     /// A message over the size limit; its id when it could be read.
     Oversized(Option<String>),
     /// The peer is gone (exited, or its HTTP session ended): why.
@@ -241,6 +245,7 @@ async fn read_stdout(mut pipe: tokio::net::unix::pipe::Receiver, max: usize, sin
     let hard = max.saturating_mul(HARD_LIMIT_FACTOR);
     let mut buf = vec![0u8; 64 << 10];
     let mut line: Vec<u8> = Vec::new();
+    let mut batch: Vec<String> = Vec::new();
     loop {
         let n = match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => return,
@@ -250,8 +255,12 @@ async fn read_stdout(mut pipe: tokio::net::unix::pipe::Receiver, max: usize, sin
         while let Some(pos) = chunk.iter().position(|&b| b == b'\n') {
             line.extend_from_slice(&chunk[..pos]);
             chunk = &chunk[pos + 1..];
-            emit(std::mem::take(&mut line), max, sink);
+            if let Some(over) = take_line(std::mem::take(&mut line), max, &mut batch) {
+                flush(&mut batch, sink);
+                sink(over);
+            }
         }
+        flush(&mut batch, sink);
         line.extend_from_slice(chunk);
         if line.len() > hard {
             sink(PeerEvent::Oversized(None));
@@ -263,18 +272,29 @@ async fn read_stdout(mut pipe: tokio::net::unix::pipe::Receiver, max: usize, sin
     }
 }
 
-fn emit(mut line: Vec<u8>, max: usize, sink: &Sink) {
+/// Send the lines of one read: bounded by the read buffer (64 KiB).
+fn flush(batch: &mut Vec<String>, sink: &Sink) {
+    match batch.len() {
+        0 => {}
+        1 => sink(PeerEvent::Message(batch.pop().unwrap_or_default())),
+        _ => sink(PeerEvent::Messages(std::mem::take(batch))),
+    }
+}
+
+/// A complete line: into `batch`, or the event for one over `max`.
+fn take_line(mut line: Vec<u8>, max: usize, batch: &mut Vec<String>) -> Option<PeerEvent> {
     if line.last() == Some(&b'\r') {
         line.pop();
     }
     if line.iter().all(|b| b.is_ascii_whitespace()) {
-        return;
+        return None;
     }
     let text = String::from_utf8_lossy(&line);
     if line.len() > max {
-        sink(PeerEvent::Oversized(crate::mcp::message::id_of(&text)));
+        Some(PeerEvent::Oversized(crate::mcp::message::id_of(&text)))
     } else {
-        sink(PeerEvent::Message(text.into_owned()));
+        batch.push(text.into_owned());
+        None
     }
 }
 

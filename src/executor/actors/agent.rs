@@ -16,6 +16,7 @@ use crate::executor::stdio_peer::{StdioPeer, StdioSpec};
 use crate::executor::Shared;
 use crate::process::env::Tty;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -79,6 +80,81 @@ impl AgentState {
     fn tell(&self, msg: TurnMsg) {
         if let Some(t) = &self.turn {
             let _ = t.send_message(msg);
+        }
+    }
+
+    /// One line from the agent. Session updates of the live turn gather in
+    /// `updates`; anything else is handled after them (the turn sees
+    /// everything in the order the agent wrote it).
+    fn on_line(&mut self, line: &str, updates: &mut Vec<Value>) -> Result<(), String> {
+        let incoming = match self.client.on_line(line) {
+            Incoming::Update { session_id, update } => {
+                if !self.loading && Some(&session_id) == self.acp_session.as_ref() {
+                    updates.push(update);
+                }
+                return Ok(());
+            }
+            other => other,
+        };
+        self.flush(updates);
+        match incoming {
+            Incoming::Answer { call, result } => match (call, result) {
+                (Call::Initialize, Ok(r)) => {
+                    self.initialized = true;
+                    self.load_supported = r["agentCapabilities"]["loadSession"] == true;
+                    if let Some(resume) = self.pending_begin.take() {
+                        self.session_for(resume)?;
+                    }
+                }
+                (Call::Initialize, Err(e)) => {
+                    let why = format!("the agent refused initialize: {e}");
+                    self.tell(TurnMsg::AgentGone(why.clone()));
+                    return Err(why.into());
+                }
+                (Call::NewSession, Ok(r)) => match r["sessionId"].as_str() {
+                    Some(id) => {
+                        self.acp_session = Some(id.to_owned());
+                        self.tell(TurnMsg::Session(Ok((id.to_owned(), false))));
+                    }
+                    None => self.tell(TurnMsg::Session(Err("no sessionId".into()))),
+                },
+                (Call::NewSession, Err(e)) => self.tell(TurnMsg::Session(Err(e))),
+                (Call::LoadSession, Ok(_)) => {
+                    self.loading = false;
+                    let id = self.acp_session.clone().unwrap_or_default();
+                    self.tell(TurnMsg::Session(Ok((id, true))));
+                }
+                (Call::LoadSession, Err(_)) => {
+                    // Not resumable (unknown to this agent): a new one.
+                    self.loading = false;
+                    self.acp_session = None;
+                    self.session_for(None)?;
+                }
+                (Call::Prompt, result) => {
+                    self.tell(TurnMsg::PromptDone(result.map(|r| {
+                        r["stopReason"].as_str().unwrap_or("end_turn").to_owned()
+                    })))
+                }
+            },
+            Incoming::Update { .. } => {}
+            Incoming::Permission { id, request } => match &self.turn {
+                Some(t) => {
+                    let _ = t.send_message(TurnMsg::Permission { id, request });
+                }
+                None => self.send(Client::permission(&id, None))?,
+            },
+            Incoming::Refused { reply } => self.send(reply)?,
+            Incoming::Garbage(why) => {
+                tracing::debug!(session = %self.args.session_id, why, "agent line ignored")
+            }
+        }
+        Ok(())
+    }
+
+    /// Hand the gathered updates to the turn, as one message.
+    fn flush(&self, updates: &mut Vec<Value>) {
+        if !updates.is_empty() {
+            self.tell(TurnMsg::Updates(std::mem::take(updates)));
         }
     }
 
@@ -230,61 +306,24 @@ impl Actor for Agent {
             AgentMsg::Agent(PeerEvent::Oversized(_)) => {
                 tracing::warn!(session = %state.args.session_id, "agent wrote a line over {MAX_LINE} bytes");
             }
-            AgentMsg::Agent(PeerEvent::Message(line)) => match state.client.on_line(&line) {
-                Incoming::Answer { call, result } => match (call, result) {
-                    (Call::Initialize, Ok(r)) => {
-                        state.initialized = true;
-                        state.load_supported = r["agentCapabilities"]["loadSession"] == true;
-                        if let Some(resume) = state.pending_begin.take() {
-                            state.session_for(resume)?;
-                        }
-                    }
-                    (Call::Initialize, Err(e)) => {
-                        let why = format!("the agent refused initialize: {e}");
-                        state.tell(TurnMsg::AgentGone(why.clone()));
-                        return Err(why.into());
-                    }
-                    (Call::NewSession, Ok(r)) => match r["sessionId"].as_str() {
-                        Some(id) => {
-                            state.acp_session = Some(id.to_owned());
-                            state.tell(TurnMsg::Session(Ok((id.to_owned(), false))));
-                        }
-                        None => state.tell(TurnMsg::Session(Err("no sessionId".into()))),
-                    },
-                    (Call::NewSession, Err(e)) => state.tell(TurnMsg::Session(Err(e))),
-                    (Call::LoadSession, Ok(_)) => {
-                        state.loading = false;
-                        let id = state.acp_session.clone().unwrap_or_default();
-                        state.tell(TurnMsg::Session(Ok((id, true))));
-                    }
-                    (Call::LoadSession, Err(_)) => {
-                        // Not resumable (unknown to this agent): a new one.
-                        state.loading = false;
-                        state.acp_session = None;
-                        state.session_for(None)?;
-                    }
-                    (Call::Prompt, result) => {
-                        state.tell(TurnMsg::PromptDone(result.map(|r| {
-                            r["stopReason"].as_str().unwrap_or("end_turn").to_owned()
-                        })))
-                    }
-                },
-                Incoming::Update { session_id, update } => {
-                    if !state.loading && Some(&session_id) == state.acp_session.as_ref() {
-                        state.tell(TurnMsg::Update(update));
+            AgentMsg::Agent(PeerEvent::Message(line)) => {
+                let mut updates = Vec::new();
+                let r = state.on_line(&line, &mut updates);
+                state.flush(&mut updates);
+                r?;
+            }
+            AgentMsg::Agent(PeerEvent::Messages(lines)) => {
+                // One read of the pipe: its updates go to the turn as one
+                // message (one delta), anything else in order between them.
+                let mut updates = Vec::new();
+                for line in &lines {
+                    if let Err(e) = state.on_line(line, &mut updates) {
+                        state.flush(&mut updates);
+                        return Err(e.into());
                     }
                 }
-                Incoming::Permission { id, request } => match &state.turn {
-                    Some(t) => {
-                        let _ = t.send_message(TurnMsg::Permission { id, request });
-                    }
-                    None => state.send(Client::permission(&id, None))?,
-                },
-                Incoming::Refused { reply } => state.send(reply)?,
-                Incoming::Garbage(why) => {
-                    tracing::debug!(session = %state.args.session_id, why, "agent line ignored")
-                }
-            },
+                state.flush(&mut updates);
+            }
         }
         Ok(())
     }

@@ -333,6 +333,13 @@ impl Actor for McpServer {
                 let outs = state.relay.from_server(&m);
                 state.apply(outs)
             }
+            McpMsg::Server(PeerEvent::Messages(ms)) => {
+                for m in ms {
+                    let outs = state.relay.from_server(&m);
+                    state.apply(outs)?;
+                }
+                Ok(())
+            }
             McpMsg::Server(PeerEvent::Oversized(id)) => {
                 tracing::warn!(server = %state.args.key, "mcp server sent a message over the frame limit");
                 let outs = state.relay.oversized(id.as_deref(), state.args.max_message);

@@ -40,7 +40,9 @@ const CANCEL_GRACE: Duration = Duration::from_secs(10);
 pub enum TurnMsg {
     /// The agent's ACP session for this turn: `(id, resumed)`.
     Session(Result<(String, bool), String>),
-    Update(Value),
+    /// `session/update`s that arrived together (one read of the agent's
+    /// pipe): their text goes out as one delta.
+    Updates(Vec<Value>),
     Permission {
         id: Value,
         request: Box<schema::RequestPermissionRequest>,
@@ -273,8 +275,8 @@ impl Actor for Turn {
                 state.emit(emits);
                 state.finish(&myself, "end_turn", "failed");
             }
-            TurnMsg::Update(update) => {
-                let emits = state.events.update(&update);
+            TurnMsg::Updates(updates) => {
+                let emits = state.events.updates(&updates);
                 state.emit(emits);
             }
             TurnMsg::PromptDone(result) => match result {
