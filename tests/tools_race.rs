@@ -205,3 +205,17 @@ async fn edit_never_changes_outside() {
     assert_eq!(race.outside_names(), ["f", "only-outside"]);
     assert_raced(&race, &results);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glob_never_names_outside_entries() {
+    // `d` flips with a symlink to the outside while glob walks the
+    // workspace: a walk by name would list the outside directory as `d`
+    // (and report `d/only-outside`) whenever the swap lands between the
+    // listing of the workspace and the listing of `d`.
+    let race = Race::start();
+    let results = race.calls("glob", json!({"pattern": "**/*"}), 3_000).await;
+    for (_, text) in &results {
+        assert!(!text.contains("only-outside"), "glob escaped: {text}");
+    }
+    assert_raced(&race, &results);
+}

@@ -65,7 +65,7 @@ pub fn is_swapped(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV))
 }
 
-fn cstr(name: &OsStr) -> io::Result<CString> {
+pub(super) fn cstr(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
@@ -103,7 +103,7 @@ fn openat2(dir: &OwnedFd, rel: &CString, flags: i32, mode: u32) -> io::Result<Ow
 }
 
 /// `openat` of one name in `dir`, never following a symlink.
-fn openat(dir: &OwnedFd, name: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+pub(super) fn openat(dir: &OwnedFd, name: &CString, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     // SAFETY: openat reads the NUL-terminated name only.
     let rc = unsafe {
         libc::openat(
@@ -247,7 +247,7 @@ impl Beneath {
     /// What is at `resolved` now, without following a symlink (`None`:
     /// nothing). Only a hint for messages and modes: the write itself
     /// never depends on it.
-    fn stat_in(dir: &OwnedFd, name: &CString) -> Option<libc::stat> {
+    pub(super) fn stat_in(dir: &OwnedFd, name: &CString) -> Option<libc::stat> {
         // SAFETY: fstatat writes into the zeroed local stat only.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         let rc = unsafe {

@@ -11,29 +11,19 @@
 //! about to be written, its missing parent directories) are taken literally,
 //! which is exactly where the OS would create them.
 //!
-//! [`walk`] provides the directory walk for `glob`/`grep`: it never follows
-//! symlinks and honours `.gitignore` files read only from inside the
-//! workspace (the `ignore` crate's own loader would also read parent,
-//! global and symlinked ignore files outside it).
+//! The directory walk of `glob`/`grep` is [`super::walk`]: through
+//! descriptors, never by name.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs;
-use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex};
-
-use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use ignore::Match;
 
 use super::{reason, ToolOutput};
 
 /// Symlink hops allowed while resolving one path, as Linux's `MAXSYMLINKS`.
 const MAX_SYMLINK_HOPS: usize = 40;
-
-/// Largest `.gitignore` we parse; bigger ones are not hand-written rules.
-const MAX_GITIGNORE_BYTES: u64 = 1 << 20;
 
 /// Why a path could not be resolved.
 #[derive(Debug, thiserror::Error)]
@@ -177,104 +167,6 @@ pub fn display(workspace: &Path, path: &Path) -> String {
     }
 }
 
-/// Per-directory `.gitignore` matchers, loaded lazily and only from regular
-/// files inside the workspace (opened with `O_NOFOLLOW`).
-struct IgnoreStack {
-    workspace: PathBuf,
-    cache: Mutex<HashMap<PathBuf, Option<Arc<Gitignore>>>>,
-}
-
-impl IgnoreStack {
-    fn matcher(&self, dir: &Path) -> Option<Arc<Gitignore>> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(found) = cache.get(dir) {
-            return found.clone();
-        }
-        let loaded = load_gitignore(dir).map(Arc::new);
-        cache.insert(dir.to_path_buf(), loaded.clone());
-        loaded
-    }
-
-    /// Whether `path` is ignored by the `.gitignore` files of its ancestor
-    /// directories; the deepest file with an opinion wins, as in git.
-    fn is_ignored(&self, path: &Path, is_dir: bool) -> bool {
-        let mut dir = path.parent();
-        while let Some(d) = dir {
-            if !d.starts_with(&self.workspace) {
-                break;
-            }
-            if let Some(gi) = self.matcher(d) {
-                match gi.matched(path, is_dir) {
-                    Match::Ignore(_) => return true,
-                    Match::Whitelist(_) => return false,
-                    Match::None => {}
-                }
-            }
-            dir = d.parent();
-        }
-        false
-    }
-}
-
-fn load_gitignore(dir: &Path) -> Option<Gitignore> {
-    let path = dir.join(".gitignore");
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-        .ok()?;
-    if !file.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_GITIGNORE_BYTES)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    let text = String::from_utf8_lossy(&bytes);
-    let mut builder = GitignoreBuilder::new(dir);
-    for line in text.lines() {
-        // A malformed line is skipped, as git does, rather than dropping
-        // the whole file.
-        let _ = builder.add_line(Some(path.clone()), line);
-    }
-    builder.build().ok()
-}
-
-/// A walk over `base` (a resolved path inside `workspace`) that never
-/// follows symlinks, skips `.git` directories and the workspace's own
-/// `.bmx` directory (tool output spills; searching it would echo earlier
-/// results), and honours the workspace's `.gitignore` files even without a
-/// git repository. Entries are sorted by name for deterministic output.
-///
-/// An explicitly given `base` is walked even if it is itself ignored, like
-/// `rg some/ignored/dir`.
-pub fn walk(workspace: &Path, base: &Path) -> ignore::Walk {
-    let ws = canonical_workspace(workspace);
-    let base_dir = base.to_path_buf();
-    let bmx_dir = ws.join(".bmx");
-    let stack = IgnoreStack {
-        workspace: ws.clone(),
-        cache: Mutex::new(HashMap::new()),
-    };
-    let mut builder = ignore::WalkBuilder::new(base);
-    builder
-        .standard_filters(false)
-        .follow_links(false)
-        .sort_by_file_name(|a, b| a.cmp(b))
-        .filter_entry(move |entry| {
-            let path = entry.path();
-            if !path.starts_with(&base_dir) || path == base_dir {
-                return true;
-            }
-            let is_dir = entry.file_type().is_some_and(|t| t.is_dir());
-            if entry.file_name() == ".git" || (is_dir && path == bmx_dir) {
-                return false;
-            }
-            !stack.is_ignored(path, is_dir)
-        });
-    builder.build()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,66 +267,5 @@ mod tests {
         let (_d, ws) = ws();
         assert_eq!(display(&ws, &ws), ".");
         assert_eq!(display(&ws, &ws.join("a/b")), "a/b");
-    }
-
-    fn walked(ws: &Path, base: &Path) -> Vec<String> {
-        walk(ws, base)
-            .filter_map(Result::ok)
-            .filter(|e| e.depth() > 0)
-            .map(|e| display(ws, e.path()))
-            .collect()
-    }
-
-    #[test]
-    fn walk_honours_gitignore_without_git_and_skips_symlinks() {
-        let (_d, ws) = ws();
-        fs::write(ws.join(".gitignore"), "target/\n*.log\n!keep.log\n").unwrap();
-        fs::create_dir_all(ws.join("target/debug")).unwrap();
-        fs::write(ws.join("target/debug/out"), "x").unwrap();
-        fs::create_dir_all(ws.join("src/sub")).unwrap();
-        fs::write(ws.join("src/a.rs"), "x").unwrap();
-        fs::write(ws.join("src/sub/.gitignore"), "gen.rs\n").unwrap();
-        fs::write(ws.join("src/sub/gen.rs"), "x").unwrap();
-        fs::write(ws.join("src/sub/b.rs"), "x").unwrap();
-        fs::write(ws.join("x.log"), "x").unwrap();
-        fs::write(ws.join("keep.log"), "x").unwrap();
-        fs::create_dir_all(ws.join(".git")).unwrap();
-        fs::write(ws.join(".git/HEAD"), "x").unwrap();
-        fs::create_dir_all(ws.join(".bmx/tool-output")).unwrap();
-        fs::write(ws.join(".bmx/tool-output/c.stdout"), "x").unwrap();
-        symlink("/etc", ws.join("etc-link")).unwrap();
-        let got = walked(&ws, &ws);
-        assert_eq!(
-            got,
-            [
-                ".gitignore",
-                "etc-link",
-                "keep.log",
-                "src",
-                "src/a.rs",
-                "src/sub",
-                "src/sub/.gitignore",
-                "src/sub/b.rs",
-            ]
-        );
-        // An explicit base is walked even when ignored.
-        assert_eq!(
-            walked(&ws, &ws.join("target")),
-            ["target/debug", "target/debug/out"]
-        );
-        assert_eq!(
-            walked(&ws, &ws.join(".bmx")),
-            [".bmx/tool-output", ".bmx/tool-output/c.stdout"]
-        );
-    }
-
-    #[test]
-    fn symlinked_gitignore_is_not_read() {
-        let (_d, ws) = ws();
-        let (_o, other) = self::ws();
-        fs::write(other.join("rules"), "*.rs\n").unwrap();
-        symlink(other.join("rules"), ws.join(".gitignore")).unwrap();
-        fs::write(ws.join("a.rs"), "x").unwrap();
-        assert_eq!(walked(&ws, &ws), [".gitignore", "a.rs"]);
     }
 }

@@ -1,9 +1,11 @@
 //! `glob`: files matching a glob pattern, newest first.
 //!
 //! Newest first because the files a session touched most recently are the
-//! ones it most likely wants again. The walk is [`boundary::walk`]: it
-//! honours `.gitignore` and never follows symlinks, so a link to `/etc`
-//! cannot pull outside files into the results.
+//! ones it most likely wants again. The walk is [`super::walk::Walk`]: it
+//! honours `.gitignore`, never follows symlinks and lists every directory
+//! through a descriptor opened beneath the workspace, so neither a link to
+//! `/etc` nor a directory swapped for one mid-walk can pull outside names
+//! into the results.
 //!
 //! Pattern semantics follow ripgrep's `--glob`: a pattern without `/` is
 //! matched against the file name at any depth (`*.rs`), a pattern with `/`
@@ -20,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::output::truncate_text;
 use super::read::io_failure;
+use super::walk::{Kind, Walk};
 use super::{boundary, parse_input, run_blocking, Tool, ToolContext, ToolOutput};
 
 #[derive(Debug, Deserialize)]
@@ -130,28 +133,23 @@ fn glob_files(
         Ok(base) => base,
         Err(out) => return out,
     };
+    let walk = match Walk::new(workspace, &base) {
+        Ok(walk) => walk,
+        Err(err) => return io_failure(&boundary::display(workspace, &base), &err),
+    };
     let mut found: Vec<(SystemTime, String)> = Vec::new();
-    for (seen, entry) in boundary::walk(workspace, &base)
-        .filter_map(Result::ok)
-        .enumerate()
-    {
+    for (seen, entry) in walk.enumerate() {
         if seen % 1024 == 0 && cancel.is_cancelled() {
             return ToolOutput::canceled("canceled");
         }
-        let Some(file_type) = entry.file_type() else {
-            continue;
-        };
-        if file_type.is_dir() {
+        if entry.kind == Kind::Dir {
             continue;
         }
-        if !pattern.is_match(relative_to_base(entry.path(), &base)) {
+        if !pattern.is_match(relative_to_base(&entry.path, &base)) {
             continue;
         }
-        // lstat, never stat: a symlink's own mtime, without touching its target.
-        let modified = std::fs::symlink_metadata(entry.path())
-            .and_then(|m| m.modified())
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        found.push((modified, boundary::display(workspace, entry.path())));
+        let modified = entry.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        found.push((modified, boundary::display(workspace, &entry.path)));
     }
     if found.is_empty() {
         return ToolOutput::success("No files found");

@@ -1,7 +1,7 @@
 //! `grep`: lines matching a regular expression, as `path:line:text`.
 //!
-//! The walk is [`boundary::walk`] (honours `.gitignore`, never follows
-//! symlinks); symlinked files are skipped rather than opened, since opening
+//! The walk is [`walk::Walk`] (honours `.gitignore`, never follows
+//! symlinks, lists directories through descriptors beneath the workspace); symlinked files are skipped rather than opened, since opening
 //! follows the link. Binary files (a NUL in the first 8 KiB) are skipped like
 //! ripgrep does. Matching is on bytes so files that are not valid UTF-8 are
 //! still searched; matched lines are shown lossily. Results stream through a
@@ -19,6 +19,7 @@ use super::beneath::{self, Beneath, Kind};
 use super::glob::{relative_to_base, resolve_base, PathPattern};
 use super::output::HeadTail;
 use super::read::{io_failure, sniff};
+use super::walk::{self, Walk};
 use super::{boundary, parse_input, run_blocking, Tool, ToolContext, ToolOutput};
 
 /// Longest line text shown per match; minified files have megabyte lines.
@@ -139,14 +140,18 @@ fn grep_files(
     };
     let mut collected = HeadTail::new(inline_limit);
     let mut matches: u64 = 0;
-    for entry in boundary::walk(workspace, &base).filter_map(Result::ok) {
+    let walk = match Walk::new(workspace, &base) {
+        Ok(walk) => walk,
+        Err(err) => return io_failure(&boundary::display(workspace, &base), &err),
+    };
+    for entry in walk {
         if cancel.is_cancelled() {
             return ToolOutput::canceled("canceled");
         }
-        if !entry.file_type().is_some_and(|t| t.is_file()) {
+        if entry.kind != walk::Kind::File {
             continue;
         }
-        let path = entry.path();
+        let path = entry.path.as_path();
         if let Some(filter) = &file_filter {
             if !filter.is_match(relative_to_base(path, &base)) {
                 continue;

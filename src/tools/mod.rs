@@ -3,7 +3,7 @@
 //!
 //! Every tool runs inside a session workspace. Paths given by the model are
 //! untrusted, so each one goes through [`boundary::resolve`] before anything
-//! touches the filesystem; directory walks go through [`boundary::walk`],
+//! touches the filesystem; directory walks go through [`walk::Walk`],
 //! which never follows symlinks. Output that is too large for a protocol
 //! message is cut by [`output`] so the head and the tail survive.
 //!
@@ -19,6 +19,7 @@ pub mod grep;
 pub mod list_files;
 pub mod output;
 pub mod read;
+pub mod walk;
 pub mod write;
 
 use std::collections::BTreeMap;
