@@ -109,7 +109,7 @@ impl AgentState {
                 (Call::Initialize, Err(e)) => {
                     let why = format!("the agent refused initialize: {e}");
                     self.tell(TurnMsg::AgentGone(why.clone()));
-                    return Err(why.into());
+                    return Err(why);
                 }
                 (Call::NewSession, Ok(r)) => match r["sessionId"].as_str() {
                     Some(id) => {
