@@ -62,7 +62,7 @@ fn mbps(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / took.as_secs_f64().max(1e-9) / 1e6
 }
 
-fn producer(bytes: u64) -> Result<Vec<String>, String> {
+pub(super) fn producer(bytes: u64) -> Result<Vec<String>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     Ok(vec![
         exe.to_string_lossy().into_owned(),
@@ -74,7 +74,7 @@ fn producer(bytes: u64) -> Result<Vec<String>, String> {
 }
 
 /// Read a child's stdout through a plain pipe to the end; bytes counted.
-async fn drain_pipe(argv: &[String]) -> Result<(u64, Duration), String> {
+pub(super) async fn drain_pipe(argv: &[String]) -> Result<(u64, Duration), String> {
     let (r, w) = sys::pipe(1 << 20).map_err(|e| e.to_string())?;
     let started = Instant::now();
     let mut child = tokio::process::Command::new(&argv[0])

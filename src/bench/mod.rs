@@ -7,3 +7,4 @@ pub mod mcp;
 pub mod peer;
 pub mod scale;
 pub mod turns;
+pub mod visor;

@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, mcp, scale, turns};
+use crate::bench::{buffering, mcp, scale, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -80,6 +80,25 @@ pub enum BenchCommand {
         /// Runs (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// `bmx visor`: PTY output to 1 and 10 attached clients against
+    /// `script -qc`, event fan-out to many subscribers, memory per idle
+    /// PTY session.
+    Visor {
+        /// Bytes the PTY session writes per run.
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: u64,
+        /// Runs (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Idle PTY sessions for the memory figure.
+        #[arg(long, default_value_t = 50)]
+        idle_sessions: usize,
+        /// Event subscribers for the fan-out figure.
+        #[arg(long, default_value_t = 100)]
+        subscribers: usize,
         #[arg(long)]
         json: bool,
     },
@@ -173,6 +192,21 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 gap_ms,
             };
             report("turns", json, turns::run(&opts).await, |r| r.table())
+        }
+        BenchCommand::Visor {
+            bytes,
+            runs,
+            idle_sessions,
+            subscribers,
+            json,
+        } => {
+            let opts = visor::VisorOptions {
+                bytes: bytes.max(1),
+                runs,
+                idle_sessions: idle_sessions.max(1),
+                subscribers,
+            };
+            report("visor", json, visor::run(&opts).await, |r| r.table())
         }
         BenchCommand::Scale {
             sessions,
