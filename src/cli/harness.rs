@@ -242,6 +242,10 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
             }
         }
     }
+    // The state dir `local` (bmx targets, bmx env): claimed first, held
+    // until the end of this function, marked stopped when dropped.
+    let mut state =
+        bmx::runner::claims::claim_local(args.port, &args.executor_id, args.work_root.as_deref());
     let token = uuid::Uuid::new_v4().simple().to_string();
     let h: HarnessHandle = match Harness::builder()
         .listen(SocketAddr::from(([127, 0, 0, 1], args.port)))
@@ -297,13 +301,25 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let exit = {
         let wait = executor.run_until_signal();
         tokio::pin!(wait);
-        wait.await
+        // Poll it once (it installs its signal handlers) before the state
+        // dir says `running`: `bmx env stop` may send SIGTERM right after.
+        let early = tokio::select! {
+            biased;
+            e = &mut wait => Some(e),
+            _ = std::future::ready(()) => None,
+        };
+        bmx::runner::claims::local_ready(&mut state, h.local_addr());
+        match early {
+            Some(e) => e,
+            None => wait.await,
+        }
     };
     tracing::info!(?exit, "executor stopped");
     h.shutdown().await;
     if remove_work_root {
         let _ = std::fs::remove_dir_all(&work_root);
     }
+    drop(state);
     ExitCode::SUCCESS
 }
 
