@@ -107,7 +107,7 @@ pub async fn run(cmd: EnvCommand) -> ExitCode {
         &format!("env {}", verb.as_str()),
         Some(&opts.target),
         result,
-        |s| print_human(s),
+        print_human,
     )
 }
 
