@@ -320,7 +320,9 @@ fn bad_state_files_and_targets_are_one_error_line() {
 
     let dir = home.state("local");
     std::fs::create_dir_all(&dir).unwrap();
-    let cases: &[(&str, &[(&str, &[u8])])] = &[
+    /// A case: its name, and the files of the state dir.
+    type Files = &'static [(&'static str, &'static [u8])];
+    let cases: &[(&str, Files)] = &[
         (
             "runtime.json garbage",
             &[

@@ -493,7 +493,16 @@ mod tests {
     fn table() {
         use FailureCode::*;
         use RuntimeState::*;
-        let cases: Vec<(&str, Facts, RuntimeState, Option<FailureCode>, bool, bool)> = vec![
+        /// Name, facts, expected state, failure code, running, ready.
+        type Case = (
+            &'static str,
+            Facts,
+            RuntimeState,
+            Option<FailureCode>,
+            bool,
+            bool,
+        );
+        let cases: Vec<Case> = vec![
             ("running", facts(), Running, None, true, true),
             (
                 "bound executor: no socket",
