@@ -117,6 +117,11 @@ pub const EXIT_WORKSPACE_LOCKED: u8 = 6;
 
 pub async fn run(args: ExecutorArgs) -> ExitCode {
     let workspace = args.workspace.clone();
+    let harness = args
+        .harness
+        .clone()
+        .or(args.url.clone())
+        .unwrap_or_default();
     let mut config = match args.into_config() {
         Ok(c) => c,
         Err(e) => {
@@ -136,6 +141,12 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         },
         None => None,
     };
+    // A bound executor's state dir (bmx targets, bmx env), held as long as
+    // the workspace lock.
+    let mut state = config
+        .workspace
+        .as_deref()
+        .and_then(|w| bmx::runner::claims::claim_workspace(w, &harness));
     let handle = match Executor::start(config).await {
         Ok(h) => h,
         Err(e) => {
@@ -143,8 +154,10 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    bmx::runner::claims::ready_without_socket(&mut state);
     let exit = handle.run_until_signal().await;
     tracing::info!(?exit, "executor stopped");
+    drop(state);
     ExitCode::from(exit.exit_code())
 }
 

@@ -123,7 +123,8 @@ pub struct PsArgs {
     pub harness: String,
     #[arg(long, env = "BMX_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
-    /// Print the API's JSON instead of tables.
+    /// One JSON line in the envelope: `data: {harness, executors,
+    /// sessions}` (the API's objects as they are).
     #[arg(long)]
     pub json: bool,
 }
@@ -242,6 +243,10 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
             }
         }
     }
+    // The state dir `local` (bmx targets, bmx env): claimed first, held
+    // until the end of this function, marked stopped when dropped.
+    let mut state =
+        bmx::runner::claims::claim_local(args.port, &args.executor_id, args.work_root.as_deref());
     let token = uuid::Uuid::new_v4().simple().to_string();
     let h: HarnessHandle = match Harness::builder()
         .listen(SocketAddr::from(([127, 0, 0, 1], args.port)))
@@ -297,13 +302,25 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let exit = {
         let wait = executor.run_until_signal();
         tokio::pin!(wait);
-        wait.await
+        // Poll it once (it installs its signal handlers) before the state
+        // dir says `running`: `bmx env stop` may send SIGTERM right after.
+        let early = tokio::select! {
+            biased;
+            e = &mut wait => Some(e),
+            _ = std::future::ready(()) => None,
+        };
+        bmx::runner::claims::local_ready(&mut state, h.local_addr());
+        match early {
+            Some(e) => e,
+            None => wait.await,
+        }
     };
     tracing::info!(?exit, "executor stopped");
     h.shutdown().await;
     if remove_work_root {
         let _ = std::fs::remove_dir_all(&work_root);
     }
+    drop(state);
     ExitCode::SUCCESS
 }
 
@@ -469,6 +486,9 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
 }
 
 pub async fn run_ps(args: PsArgs) -> ExitCode {
+    if args.json {
+        return run_ps_json(args).await;
+    }
     let client = match ApiClient::new(&args.harness) {
         Ok(c) => c.token(args.api_token),
         Err(e) => {
@@ -491,13 +511,6 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if args.json {
-        println!(
-            "{}",
-            json!({"executors": execs["executors"], "sessions": sessions["sessions"]})
-        );
-        return ExitCode::SUCCESS;
-    }
     let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
     println!(
         "{:<20} {:<24} {:<16} {:>8}  LAST HEARTBEAT",
@@ -530,6 +543,37 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `bmx ps --json`: one envelope line; a harness that cannot be reached
+/// or answers an error is `TARGET_EXEC_FAILED`, a bad URL
+/// `AGENT_PROTOCOL_ERROR`.
+async fn run_ps_json(args: PsArgs) -> ExitCode {
+    use bmx::runner::envelope::{ErrorCode, ResponseError};
+    let result = async {
+        let client = ApiClient::new(&args.harness)
+            .map_err(|e| ResponseError::new(ErrorCode::AgentProtocol, e.to_string()))?
+            .token(args.api_token.clone());
+        let failed = |m: String| ResponseError::new(ErrorCode::TargetExecFailed, m);
+        let execs = client
+            .get("/v1/executors")
+            .await
+            .map_err(|e| failed(format!("{}: {e}", args.harness)))?;
+        let sessions = client
+            .get("/v1/sessions")
+            .await
+            .map_err(|e| failed(format!("{}: {e}", args.harness)))?;
+        match (execs, sessions) {
+            ((200, e), (200, s)) => Ok(json!({
+                "harness": args.harness,
+                "executors": e["executors"].as_array().cloned().unwrap_or_default(),
+                "sessions": s["sessions"].as_array().cloned().unwrap_or_default(),
+            })),
+            ((200, _), (_, v)) | ((_, v), _) => Err(failed(api_error(&v))),
+        }
+    }
+    .await;
+    super::json::answer(true, "ps", None, result, |_| {})
 }
 
 #[cfg(test)]

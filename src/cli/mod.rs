@@ -6,9 +6,13 @@ use std::process::ExitCode;
 pub mod attach;
 pub mod bench;
 pub mod enroll;
+pub mod env;
 pub mod executor;
 pub mod harness;
+pub mod json;
 pub mod run;
+pub mod status;
+pub mod targets;
 pub mod visor;
 
 /// bmx: an actor-model runtime for the executor protocol.
@@ -68,6 +72,13 @@ pub enum Command {
     /// The local supervisor of agent and shell sessions: serve (no
     /// subcommand), or list, start, drive and stop its sessions.
     Visor(visor::VisorArgs),
+    /// List the local runtimes (`bmx up`, visors, bound executors).
+    Targets(targets::TargetsArgs),
+    /// Status, diagnosis, start and stop of a local runtime.
+    #[command(subcommand)]
+    Env(env::EnvCommand),
+    /// Is the local runtime (`bmx up`) running?
+    Status(status::StatusArgs),
 }
 
 /// Install the tracing subscriber: stderr, `RUST_LOG`-style filter
@@ -107,6 +118,8 @@ pub fn main() -> ExitCode {
             // Log lines would land in the middle of the remote screen.
             Command::Bench(_) | Command::Attach(_) | Command::Run(_) => "warn",
             Command::Visor(ref v) if v.command.is_some() => "warn",
+            // One answer on stdout; logs only when asked (RUST_LOG).
+            Command::Targets(_) | Command::Env(_) | Command::Status(_) => "warn",
             _ => "info",
         },
         cli.log_format,
@@ -135,6 +148,9 @@ pub fn main() -> ExitCode {
             Command::Enroll(args) => enroll::run_enroll(args).await,
             Command::Enrollments(cmd) => enroll::run_enrollments(cmd).await,
             Command::Credentials(cmd) => enroll::run_credentials(cmd).await,
+            Command::Targets(args) => targets::run(args).await,
+            Command::Env(cmd) => env::run(cmd).await,
+            Command::Status(args) => status::run(args).await,
         }
     })
 }

@@ -283,7 +283,12 @@ async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
             _ => std::future::pending::<()>().await,
         }
     };
-    match bmx::visor::serve(home, socket, stop).await {
+    // The state dir (`visor`, or `visor-<hash>` for another --home):
+    // marked running once the socket accepts, stopped when dropped.
+    let state = bmx::runner::claims::claim_visor(&home, &socket);
+    let served = bmx::visor::serve(home, socket, stop).await;
+    drop(state);
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bmx visor: {e}");

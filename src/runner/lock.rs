@@ -183,6 +183,18 @@ impl WorkspaceLock {
     pub fn took_over(&self) -> Option<&LockHolder> {
         self.took_over.as_ref()
     }
+
+    /// Empty the file while still holding the lock: a clean exit leaves
+    /// no holder named, so a later probe does not mistake it for a crash
+    /// (a stale lock is one whose file still names a holder).
+    ///
+    /// # Errors
+    ///
+    /// Truncating the file failed.
+    pub fn clear(&mut self) -> std::io::Result<()> {
+        self.file.set_len(0)?;
+        self.file.sync_data()
+    }
 }
 
 impl Drop for WorkspaceLock {

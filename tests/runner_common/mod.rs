@@ -1,6 +1,8 @@
 //! Shared by the runner tests: real `bmx` binaries, killed on drop.
 #![allow(dead_code)]
 
+pub mod schema;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -141,6 +143,8 @@ pub fn executor(h: &TestHarness, args: &[&str], stderr_to: Option<&Path>) -> Pro
     cmd.args(["executor", "--url", &h.ws, "--token", "s3cret"])
         .args(args)
         .env("RUST_LOG", "info")
+        // State dirs of bound executors stay out of the user's home.
+        .env("BMX_HOME", h.data.path().join("home"))
         .stdout(Stdio::null());
     match stderr_to {
         Some(p) => cmd.stderr(std::fs::File::create(p).unwrap()),

@@ -29,6 +29,13 @@ pub const MAX_LABEL_BYTES: usize = 256;
 pub const MAX_SECRET_BYTES: usize = 128;
 /// Enrollments listed at most.
 pub const MAX_LISTED: usize = 1000;
+/// Pending (unexpired) enrollments at most: past it, creation answers 429
+/// `too_many_pending`, so an unauthenticated create flood cannot fill the
+/// store (each one lives only `ttl` anyway).
+pub const MAX_PENDING: usize = 1000;
+/// How long an enrollment that ended without a credential is kept past its
+/// expiry (a late poll still hears `expired`), then pruned.
+pub const PRUNE_AFTER: Duration = Duration::from_secs(3600);
 
 /// Letters a person types without confusion (RFC 8628 §6.1: no vowels, no
 /// look-alikes).
@@ -43,6 +50,9 @@ pub enum EnrollError {
     NotFound(&'static str),
     #[error("slow_down")]
     SlowDown,
+    /// [`MAX_PENDING`] enrollments are waiting already.
+    #[error("too many pending enrollments ({0}): try again later")]
+    TooManyPending(usize),
     #[error(transparent)]
     Decision(#[from] DecisionError),
     #[error(transparent)]
@@ -107,6 +117,7 @@ pub struct Enrollments {
     rmw: Mutex<()>,
     ttl: Duration,
     interval: Duration,
+    max_pending: usize,
 }
 
 /// SHA-256 of a secret.
@@ -219,7 +230,14 @@ impl Enrollments {
             rmw: Mutex::new(()),
             ttl,
             interval,
+            max_pending: MAX_PENDING,
         })
+    }
+
+    /// Another cap on pending enrollments than [`MAX_PENDING`].
+    pub fn with_max_pending(mut self, max: usize) -> Enrollments {
+        self.max_pending = max;
+        self
     }
 
     fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -263,6 +281,15 @@ impl Enrollments {
         let now = unix_ms();
         let device_code = random_secret("bmxd_");
         let _g = self.guard();
+        let pruned = self
+            .store
+            .prune_enrollments(now.saturating_sub(PRUNE_AFTER.as_millis() as u64))?;
+        if pruned > 0 {
+            tracing::info!(pruned, "pruned ended enrollments");
+        }
+        if self.store.count_pending(now)? >= self.max_pending {
+            return Err(EnrollError::TooManyPending(self.max_pending));
+        }
         // A user code is 20^8 ≈ 2.6e10: a clash is rare; retry a few times.
         for _ in 0..8 {
             let code = user_code();
@@ -503,5 +530,30 @@ mod tests {
         // Stored hashed only.
         let cred = &s.credentials().unwrap()[0];
         assert_eq!(cred.token_hash, hash_secret(&token));
+    }
+
+    #[test]
+    fn pending_enrollments_are_capped_and_ended_ones_pruned() {
+        let store = Arc::new(SqliteStore::in_memory().unwrap());
+        let s = Enrollments::new(store.clone(), Duration::from_secs(60), Duration::ZERO)
+            .unwrap()
+            .with_max_pending(2);
+        let a = s.create("/a", "", "", "http://h").unwrap();
+        s.create("/b", "", "", "http://h").unwrap();
+        assert!(matches!(
+            s.create("/c", "", "", "http://h"),
+            Err(EnrollError::TooManyPending(2))
+        ));
+        // A decision frees a slot.
+        s.deny(&a.user_code).unwrap();
+        s.create("/c", "", "", "http://h").unwrap();
+        assert_eq!(store.count_pending(unix_ms()).unwrap(), 2);
+        // Nothing has expired long enough ago to be pruned.
+        assert_eq!(store.prune_enrollments(unix_ms()).unwrap(), 0);
+        // Far in the future: every one that ended without a credential
+        // goes, and the pending ones too (they expired by then).
+        let later = unix_ms() + 3_600_000;
+        assert_eq!(store.prune_enrollments(later).unwrap(), 3);
+        assert!(s.list(None).unwrap().is_empty());
     }
 }

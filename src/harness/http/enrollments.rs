@@ -39,6 +39,11 @@ impl IntoResponse for EnrollError {
                 "slow_down",
                 "polling faster than pollIntervalMs",
             ),
+            EnrollError::TooManyPending(_) => error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_pending",
+                self.to_string(),
+            ),
             EnrollError::Decision(_) => error(StatusCode::CONFLICT, "conflict", self.to_string()),
             EnrollError::Store(e) => {
                 tracing::error!(error = %e, "enrollment store");

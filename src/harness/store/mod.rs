@@ -60,4 +60,11 @@ pub trait Store: Send + Sync {
     fn credentials(&self) -> Result<Vec<Credential>, StoreError>;
     /// Mark revoked; `None` if there is no such credential.
     fn revoke(&self, credential_id: &str, now_ms: u64) -> Result<Option<Credential>, StoreError>;
+    /// Enrollments still waiting for an operator at `now_ms` (pending and
+    /// unexpired): what the cap on pending enrollments counts.
+    fn count_pending(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// Delete enrollments that ended without a credential (pending past
+    /// expiry, expired, denied) and expired before `before_ms`; returns how
+    /// many. Approved and consumed ones stay: credentials name them.
+    fn prune_enrollments(&self, before_ms: u64) -> Result<usize, StoreError>;
 }

@@ -217,6 +217,23 @@ impl Store for SqliteStore {
         Ok(put(&self.lock(), e)?)
     }
 
+    fn count_pending(&self, now_ms: u64) -> Result<usize, StoreError> {
+        let n: i64 = self.lock().query_row(
+            "SELECT COUNT(*) FROM enrollments WHERE status = 'pending' AND expires_at_ms > ?1",
+            params![now_ms as i64],
+            |r| r.get(0),
+        )?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    fn prune_enrollments(&self, before_ms: u64) -> Result<usize, StoreError> {
+        Ok(self.lock().execute(
+            "DELETE FROM enrollments \
+             WHERE status IN ('pending', 'expired', 'denied') AND expires_at_ms < ?1",
+            params![before_ms as i64],
+        )?)
+    }
+
     fn enrollment_by_device_hash(&self, hash: &[u8; 32]) -> Result<Option<Enrollment>, StoreError> {
         Ok(self
             .lock()
