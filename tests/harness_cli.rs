@@ -68,9 +68,9 @@ fn up_exec_ps() {
         .unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["executors"][0]["executorId"], "local");
+    assert_eq!(v["data"]["executors"][0]["executorId"], "local");
     // The session bmx exec created was stopped.
-    assert_eq!(v["sessions"][0]["state"], "ended");
+    assert_eq!(v["data"]["sessions"][0]["state"], "ended");
 
     // SIGTERM: both sides stop, nothing is left behind.
     let mut up = guard.0.take().unwrap();
