@@ -144,6 +144,15 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         }
     };
     let exit = handle.run_until_signal().await;
+    // Every session has ended and killed what carries its tag; whatever
+    // is still below the daemon (a descendant that dropped its tag) must
+    // not outlive it as an orphan of pid 1.
+    let killed = tokio::task::spawn_blocking(bmx::process::sys::kill_all_descendants)
+        .await
+        .unwrap_or(0);
+    if killed > 0 {
+        tracing::warn!(killed, "killed descendants left after the sessions ended");
+    }
     tracing::info!(?exit, "executor stopped");
     ExitCode::from(exit.exit_code())
 }

@@ -91,6 +91,10 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            // What the executor's reader accepts (`LinkLimits::default`).
+            max_frame_bytes: Some(
+                crate::wire::LinkLimits::default().max_control_frame_bytes as u64,
+            ),
             terminal: crate::executor::actors::terminals::capability(self),
             mcp: (self.config.mcp_max_servers > 0).then_some(McpCapability {
                 stdio: true,

@@ -141,6 +141,13 @@ impl Connection {
                 return Err(format!("register failed: {e}"));
             }
         };
+        // The harness's own limit: a request of ours above it fails here
+        // instead of costing the connection (0: not said, keep the default).
+        if let Ok(max) = usize::try_from(result.max_control_frame_bytes) {
+            if max >= 4096 {
+                link.set_peer_max_frame_bytes(max);
+            }
+        }
         let registration = Registration {
             executor_id: result.executor_id,
             connection_id: result.connection_id,

@@ -458,6 +458,8 @@ impl LeasesState {
         for s in &r.ended {
             self.end_session(s, "lease_lost");
         }
+        // Requests lost with the old connection are sent again now.
+        self.shared.routes_changed();
         r
     }
 
@@ -711,6 +713,8 @@ impl LeasesState {
         }
         mcp::session_ended(&self.shared, session_id, reason);
         turns::session_ended(&self.shared, session_id, reason);
+        // Re-senders waiting for this session's route give up.
+        self.shared.routes_changed();
         self.shared.emit(HarnessEvent::SessionEnded {
             session_id: session_id.to_owned(),
             reason: reason.to_owned(),
