@@ -26,16 +26,6 @@ async fn an_oversize_request_gets_413_and_the_executor_stays_connected() {
         "the executor registers"
     );
     let conn = h.executors()[0].connection_id.clone();
-    let (_, v) = ApiClient::new(&h.api_url())
-        .unwrap()
-        .executors()
-        .await
-        .unwrap();
-    assert_eq!(
-        v["executors"][0]["capabilities"]["maxFrameBytes"],
-        1 << 20,
-        "the executor advertises its frame limit: {v}"
-    );
     // Each call has its own deadline: a hang fails the test.
     let client = ApiClient::new(&h.api_url())
         .unwrap()
@@ -107,6 +97,12 @@ async fn an_oversize_request_gets_413_and_the_executor_stays_connected() {
         .unwrap();
     assert_eq!(status, 200, "{v}");
     assert_eq!(h.executors()[0].connection_id, conn);
+    let (_, v) = client.executors().await.unwrap();
+    assert_eq!(
+        v["executors"][0]["capabilities"]["maxFrameBytes"],
+        1 << 20,
+        "the executor advertises its frame limit: {v}"
+    );
     let (status, _) = client.delete(&format!("/v1/sessions/{sid}")).await.unwrap();
     assert_eq!(status, 200);
     h.shutdown().await;
