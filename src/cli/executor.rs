@@ -62,6 +62,11 @@ pub struct ExecutorArgs {
     /// whitespace; repeatable; the first is the default).
     #[arg(long = "agent", value_name = "NAME=COMMAND")]
     pub agents: Vec<String>,
+    /// Serve `GET /metrics` (Prometheus text) on this address, e.g.
+    /// 127.0.0.1:9464. Unauthenticated: keep it on loopback or a private
+    /// network.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl ExecutorArgs {
@@ -117,6 +122,7 @@ pub const EXIT_WORKSPACE_LOCKED: u8 = 6;
 
 pub async fn run(args: ExecutorArgs) -> ExitCode {
     let workspace = args.workspace.clone();
+    let metrics_listen = args.metrics_listen;
     let mut config = match args.into_config() {
         Ok(c) => c,
         Err(e) => {
@@ -143,7 +149,27 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let metrics = match metrics_listen {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(addr = %addr, "metrics on /metrics");
+                Some(tokio::spawn(bmx::executor::metrics::serve(
+                    l,
+                    handle.shared().clone(),
+                )))
+            }
+            Err(e) => {
+                eprintln!("bmx executor: --metrics-listen {addr}: {e}");
+                handle.shutdown().await;
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let exit = handle.run_until_signal().await;
+    if let Some(m) = metrics {
+        m.abort();
+    }
     // Every session has ended and killed what carries its tag; whatever
     // is still below the daemon (a descendant that dropped its tag) must
     // not outlive it as an orphan of pid 1.

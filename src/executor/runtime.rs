@@ -57,6 +57,8 @@ pub struct Shared {
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
     terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
+    /// Counters of this executor (`--metrics-listen`).
+    pub metrics: super::metrics::Metrics,
 }
 
 impl Shared {
@@ -73,6 +75,7 @@ impl Shared {
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
+            metrics: super::metrics::Metrics::new(),
         })
     }
 

@@ -96,6 +96,8 @@ pub struct Shared {
     /// or a session ended. Requests lost with a connection wait on it to
     /// be sent again on the resumed one (`api::resend`), without polling.
     routes: watch::Sender<u64>,
+    /// Counters and histograms of this harness (`GET /metrics`).
+    pub metrics: super::metrics::Metrics,
     /// The dynamic supervisor of the connection actors.
     connections: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     next_conn: AtomicU64,
@@ -135,6 +137,7 @@ impl Shared {
             turns_sup: std::sync::RwLock::new(None),
             leases: watch::channel(None).0,
             routes: watch::channel(0).0,
+            metrics: super::metrics::Metrics::new(),
             connections: std::sync::RwLock::new(None),
             next_conn: AtomicU64::new(1),
             instance,

@@ -144,9 +144,19 @@ pub struct ExecutorProc {
 
 impl ExecutorProc {
     pub fn spawn(url: &str, token: &str, work_root: &std::path::Path) -> ExecutorProc {
+        Self::spawn_with(url, token, work_root, &[])
+    }
+
+    pub fn spawn_with(
+        url: &str,
+        token: &str,
+        work_root: &std::path::Path,
+        extra: &[&str],
+    ) -> ExecutorProc {
         let child = std::process::Command::new(BMX)
             .args(["executor", "--url", url, "--token", token, "--work-root"])
             .arg(work_root)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(std::process::Stdio::null())
             .spawn()
@@ -177,4 +187,36 @@ impl Drop for ExecutorProc {
             let _ = c.wait();
         }
     }
+}
+
+/// One scrape of a `/metrics` endpoint: `name{labels}` → value.
+pub async fn scrape(url: &str) -> std::collections::HashMap<String, f64> {
+    let resp = reqwest::Client::new()
+        .get(url)
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .expect("metrics answer");
+    assert_eq!(resp.status(), 200);
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics ends with # EOF"
+    );
+    let mut out = std::collections::HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, value) = line.rsplit_once(' ').expect("name value");
+        out.insert(name.to_owned(), value.parse::<f64>().expect("a number"));
+    }
+    out
 }

@@ -189,6 +189,7 @@ impl Actor for Connection {
             "registered"
         );
         shared.set_registration(registration.clone());
+        shared.metrics.registrations.inc();
         shared.set_link(Some(link.clone()));
         if let Some(sessions) = shared.sessions_actor() {
             let _ = sessions.send_message(SessionsMsg::Registered {
@@ -307,11 +308,20 @@ impl Actor for Connection {
             }
             ConnMsg::HeartbeatFailed(e) => {
                 tracing::warn!(error = %e, "heartbeat unanswered: connection lost");
+                state
+                    .shared
+                    .metrics
+                    .connection_lost("heartbeat_timeout".to_owned());
                 state.link.close(CloseCode::GoingAway, "heartbeat timeout");
                 myself.stop(Some(stop::lost("heartbeat timeout")));
             }
             ConnMsg::Lost(closed) => {
                 tracing::warn!(code = ?closed.code, reason = %closed.reason, "connection lost");
+                state.shared.metrics.connection_lost(
+                    closed
+                        .code
+                        .map_or_else(|| "none".to_owned(), |c| c.code().to_string()),
+                );
                 let reason = match FinalStop::from_close(closed.code) {
                     Some(f) => f.reason(),
                     None => stop::lost(format_args!("{:?} {}", closed.code, closed.reason)),

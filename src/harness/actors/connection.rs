@@ -80,6 +80,9 @@ async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
         return;
     };
     if entry.registered {
+        shared
+            .metrics
+            .connection_closed(closed.code.map(|c| c.code()));
         shared.emit(HarnessEvent::ExecutorDisconnected {
             executor_id: entry.executor_id,
             connection_id: entry.connection_id,
@@ -461,6 +464,8 @@ impl ConnState {
             e.info = Some(params.executor.clone());
             e.capabilities = params.capabilities.clone();
         }
+        // Requests waiting for this executor (terminals) can go now.
+        self.shared.routes_changed();
         let config = &self.shared.config;
         reply.ok(&RegisterResult {
             executor_id: self.executor_id.clone(),

@@ -439,6 +439,7 @@ impl LeasesState {
             if let Some(link) = self.shared.link_of(old) {
                 link.close(CloseCode::Replaced, "replaced");
             }
+            self.shared.metrics.replacements.inc();
             tracing::info!(%executor_id, replaced = %old, by = %conn, "connection replaced (4004)");
         }
         self.shared.executors.insert(executor_id.to_owned(), conn);
@@ -734,6 +735,7 @@ impl LeasesState {
             }
         }
         for s in tick.expired {
+            self.shared.metrics.lease_expiries.inc();
             self.end_session(&s, "lease_expired");
         }
     }

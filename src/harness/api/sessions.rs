@@ -301,6 +301,24 @@ impl Session {
             .map_err(ApiError::from_call)
     }
 
+    fn count_resend(&self, method: Method) {
+        self.shared
+            .metrics
+            .resends
+            .get_or_create(&crate::harness::metrics::MethodLabel {
+                method: method.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// [`ApiError::from_call`], counting requests refused as too large.
+    fn call_error(&self, e: CallError) -> ApiError {
+        if matches!(e, CallError::TooLarge { .. }) {
+            self.shared.metrics.frames_refused.inc();
+        }
+        ApiError::from_call(e)
+    }
+
     /// The route to this session on a connection other than `stale`: the
     /// one its executor resumed it on. Waits (woken by the leases actor,
     /// see [`Shared::route_changes`]) while the executor is away, at most
@@ -364,8 +382,9 @@ impl Session {
                             ApiError::from_call(CallError::Closed)
                         })
                         .await?;
+                    self.count_resend(method);
                 }
-                r => return r.map_err(ApiError::from_call),
+                r => return r.map_err(|e| self.call_error(e)),
             }
         }
     }
@@ -414,9 +433,23 @@ impl Session {
             wait_ms: wait,
         };
         let timeout = self.shared.config.request_timeout + Duration::from_millis(wait.unwrap_or(0));
+        let stream = params.stream;
         // A read has no effect on the executor: sending it again is safe.
-        self.request_resending(Method::ProcessRead, &params, timeout)
-            .await
+        let r: ProcessReadResult = self
+            .request_resending(Method::ProcessRead, &params, timeout)
+            .await?;
+        self.shared
+            .metrics
+            .output_bytes
+            .get_or_create(&crate::harness::metrics::StreamLabel {
+                stream: match stream {
+                    Stream::Stdout => "stdout",
+                    Stream::Stderr => "stderr",
+                }
+                .to_owned(),
+            })
+            .inc_by(r.data.len() as u64);
+        Ok(r)
     }
 
     /// `process.write`: bytes to stdin, optionally closing it.
@@ -473,6 +506,29 @@ impl Session {
     /// per `toolCallId`; if the executor is lost and its lease expires
     /// first, the call fails with 502 `tool_outcome_unknown`.
     pub async fn call_tool(&self, call: ToolCall) -> Result<ToolResultParams, ApiError> {
+        let started = std::time::Instant::now();
+        let r = self.call_tool_once(call).await;
+        let outcome = match &r {
+            Ok(r) => match serde_json::to_value(r.outcome) {
+                Ok(serde_json::Value::String(s)) => s,
+                _ => "unknown".to_owned(),
+            },
+            Err(e) => match e.error.reason() {
+                Some(
+                    reason @ ("tool_outcome_unknown" | "frame_too_large" | "executor_disconnected"),
+                ) => reason.to_owned(),
+                _ if e.status == 504 => "timeout".to_owned(),
+                _ if e.status < 500 => "refused".to_owned(),
+                _ => "error".to_owned(),
+            },
+        };
+        self.shared
+            .metrics
+            .tool_call(&outcome, started.elapsed().as_secs_f64());
+        r
+    }
+
+    async fn call_tool_once(&self, call: ToolCall) -> Result<ToolResultParams, ApiError> {
         if call.tool.is_empty() {
             return Err(ApiError::bad_request("tool is required"));
         }
@@ -545,7 +601,10 @@ impl Session {
                             })
                             .await
                         {
-                            Ok(r) => route = r,
+                            Ok(r) => {
+                                route = r;
+                                self.count_resend(Method::ToolCall);
+                            }
                             // Over: the waiter is answered (or times out).
                             Err(_) => return Ok(()),
                         }
@@ -580,7 +639,7 @@ impl Session {
                         }
                         drop(wrx);
                         forget();
-                        return Err(ApiError::from_call(e));
+                        return Err(self.call_error(e));
                     }
                 }
                 _ = &mut expired => {

@@ -312,7 +312,12 @@ impl Terminals {
     pub(crate) fn link(&self, executor_id: &str) -> Result<Link, ApiError> {
         let shared = &self.shared;
         let conn = shared.executors.get(executor_id).map(|c| *c);
-        let Some(entry) = conn.and_then(|c| shared.conns.get(&c).map(|e| e.clone())) else {
+        // Registered: its capabilities are known (a resumed connection is
+        // in the registry a moment before its register is answered).
+        let entry = conn
+            .and_then(|c| shared.conns.get(&c).map(|e| e.clone()))
+            .filter(|e| e.registered);
+        let Some(entry) = entry else {
             return Err(if shared.terminals.has_executor(executor_id) {
                 executor_disconnected(executor_id)
             } else {
