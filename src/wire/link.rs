@@ -244,8 +244,9 @@ impl Link {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future forgets the waiter; the request may still have
-    /// been sent.
+    /// Dropping the future may leave the request sent; its waiter stays
+    /// registered until the answer arrives (and finds nobody) or the
+    /// connection closes.
     pub async fn request<P: Serialize, R: DeserializeOwned>(
         &self,
         method: Method,
