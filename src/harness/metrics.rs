@@ -76,6 +76,9 @@ pub struct Metrics {
     pub frames_refused: Counter,
     /// Requests sent again on a resumed connection, by method.
     pub resends: Family<MethodLabel, Counter>,
+    /// Reads answered with `gap: true`: output the executor's ring had
+    /// already dropped (a reader too slow for the process).
+    pub ring_gaps: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -107,6 +110,7 @@ impl Metrics {
             frame_errors: Family::default(),
             frames_refused: Counter::default(),
             resends: Family::default(),
+            ring_gaps: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -164,6 +168,11 @@ impl Metrics {
             "resent_requests",
             "Requests sent again on a resumed connection, by method",
             m.resends.clone(),
+        );
+        registry.register(
+            "ring_gaps",
+            "Process reads that found output already dropped from the ring",
+            m.ring_gaps.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -449,6 +449,9 @@ impl Session {
                 .to_owned(),
             })
             .inc_by(r.data.len() as u64);
+        if r.gap {
+            self.shared.metrics.ring_gaps.inc();
+        }
         Ok(r)
     }
 
