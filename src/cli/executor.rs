@@ -62,6 +62,11 @@ pub struct ExecutorArgs {
     /// whitespace; repeatable; the first is the default).
     #[arg(long = "agent", value_name = "NAME=COMMAND")]
     pub agents: Vec<String>,
+    /// Serve `GET /metrics` (Prometheus text) on this address, e.g.
+    /// 127.0.0.1:9464. Unauthenticated: keep it on loopback or a private
+    /// network.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl ExecutorArgs {
@@ -122,6 +127,7 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         .clone()
         .or(args.url.clone())
         .unwrap_or_default();
+    let metrics_listen = args.metrics_listen;
     let mut config = match args.into_config() {
         Ok(c) => c,
         Err(e) => {
@@ -155,7 +161,36 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         }
     };
     bmx::runner::claims::ready_without_socket(&mut state);
+    let metrics = match metrics_listen {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(addr = %addr, "metrics on /metrics");
+                Some(tokio::spawn(bmx::executor::metrics::serve(
+                    l,
+                    handle.shared().clone(),
+                )))
+            }
+            Err(e) => {
+                eprintln!("bmx executor: --metrics-listen {addr}: {e}");
+                handle.shutdown().await;
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let exit = handle.run_until_signal().await;
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    // Every session has ended and killed what carries its tag; whatever
+    // is still below the daemon (a descendant that dropped its tag) must
+    // not outlive it as an orphan of pid 1.
+    let killed = tokio::task::spawn_blocking(bmx::process::sys::kill_all_descendants)
+        .await
+        .unwrap_or(0);
+    if killed > 0 {
+        tracing::warn!(killed, "killed descendants left after the sessions ended");
+    }
     tracing::info!(?exit, "executor stopped");
     drop(state);
     ExitCode::from(exit.exit_code())

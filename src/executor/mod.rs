@@ -15,6 +15,7 @@
 pub mod actors;
 pub mod config;
 pub mod mcp;
+pub mod metrics;
 pub mod outbox;
 pub mod runtime;
 pub mod stdio_peer;

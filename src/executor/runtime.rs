@@ -57,6 +57,8 @@ pub struct Shared {
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
     terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
+    /// Counters of this executor (`--metrics-listen`).
+    pub metrics: super::metrics::Metrics,
 }
 
 impl Shared {
@@ -73,6 +75,7 @@ impl Shared {
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
+            metrics: super::metrics::Metrics::new(),
         })
     }
 
@@ -91,6 +94,10 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            // What the executor's reader accepts (`LinkLimits::default`).
+            max_frame_bytes: Some(
+                crate::wire::LinkLimits::default().max_control_frame_bytes as u64,
+            ),
             terminal: crate::executor::actors::terminals::capability(self),
             mcp: (self.config.mcp_max_servers > 0).then_some(McpCapability {
                 stdio: true,

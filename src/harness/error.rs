@@ -147,6 +147,13 @@ impl ApiError {
                     .with_reason("executor_lost")
                     .with_retryable(true),
             ),
+            // Refused before sending: the executor never saw it.
+            CallError::TooLarge { size, limit } => Self::rpc(
+                RpcError::payload_too_large(format!(
+                    "the request's frame is {size} bytes; the executor accepts at most {limit}"
+                ))
+                .with_reason("frame_too_large"),
+            ),
             CallError::Decode(d) => Self::with_status(
                 502,
                 RpcError::internal(format!("undecodable executor answer: {d}"))

@@ -47,6 +47,7 @@ pub mod events;
 pub mod http;
 pub mod interactions;
 pub mod mcp_proxy;
+pub mod metrics;
 pub mod runtime;
 pub mod store;
 pub mod types;

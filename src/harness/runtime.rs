@@ -91,6 +91,13 @@ pub struct Shared {
     turns_sup: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     /// The current leases actor; replaced each time it is (re)started.
     leases: watch::Sender<Option<ActorRef<LeasesMsg>>>,
+    /// Bumped by the leases actor whenever routes may have changed: an
+    /// executor registered (a resume moves sessions to a new connection)
+    /// or a session ended. Requests lost with a connection wait on it to
+    /// be sent again on the resumed one (`api::resend`), without polling.
+    routes: watch::Sender<u64>,
+    /// Counters and histograms of this harness (`GET /metrics`).
+    pub metrics: super::metrics::Metrics,
     /// The dynamic supervisor of the connection actors.
     connections: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     next_conn: AtomicU64,
@@ -129,6 +136,8 @@ impl Shared {
             turns: DashMap::new(),
             turns_sup: std::sync::RwLock::new(None),
             leases: watch::channel(None).0,
+            routes: watch::channel(0).0,
+            metrics: super::metrics::Metrics::new(),
             connections: std::sync::RwLock::new(None),
             next_conn: AtomicU64::new(1),
             instance,
@@ -141,6 +150,16 @@ impl Shared {
     /// Milliseconds on the harness's monotonic clock (the `now` of the lease table).
     pub fn now_ms(&self) -> u64 {
         self.origin.elapsed().as_millis() as u64
+    }
+
+    /// Tell waiting re-senders that routes may have changed.
+    pub(crate) fn routes_changed(&self) {
+        self.routes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that wakes on the next [`Shared::routes_changed`].
+    pub(crate) fn route_changes(&self) -> watch::Receiver<u64> {
+        self.routes.subscribe()
     }
 
     pub fn next_conn(&self) -> (ConnId, String) {

@@ -453,6 +453,37 @@ pub fn kill_scope(pgid: Option<i32>, scope: &str) {
     }
 }
 
+/// The daemon's last act on its way out (`bmx executor` after SIGTERM,
+/// SIGINT or any other end, once every session has been stopped): SIGKILL
+/// everything still below this process, tagged or not, and reap it.
+///
+/// Why, on top of the per-session tag sweeps: a descendant that dropped
+/// its scope tag (`env -i`, a daemon that scrubs its environment) is
+/// invisible to them, and once the daemon exits it is re-parented to pid 1
+/// for good. As a subreaper the daemon has adopted every orphan of its
+/// trees, so "below this process" is exactly what it started. Only for a
+/// process that owns all its children: never call it in an embedding
+/// (a platform's own children would die). Returns how many it killed.
+pub fn kill_all_descendants() -> usize {
+    use nix::sys::signal::{kill, Signal};
+    let me = std::process::id() as i32;
+    let mut killed = 0;
+    for _ in 0..KILL_PASSES {
+        let targets: Vec<i32> = descendants(me).into_iter().filter(|&p| alive(p)).collect();
+        if targets.is_empty() {
+            break;
+        }
+        for &p in &targets {
+            if kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL).is_ok() {
+                killed += 1;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    reap_orphans();
+    killed
+}
+
 /// A pipe whose read end is non-blocking and whose buffer is `size` bytes
 /// (`F_SETPIPE_SZ`): with the default 64 KiB the producer and the reader
 /// take turns; 1 MiB lets both run.

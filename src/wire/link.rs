@@ -14,15 +14,15 @@ use super::frame::{
     FrameKind, Id, Inbound, OutError, OutNotification, OutRequest, OutResult, JSONRPC,
 };
 use super::method::{Method, Version};
+use super::pending::Pending;
 use super::transport::{Transport, WsStream};
 use bytes::Bytes;
-use dashmap::DashMap;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
@@ -47,6 +47,10 @@ pub enum CallError {
     Closed,
     #[error("undecodable answer: {0}")]
     Decode(String),
+    /// Refused before sending: the frame would pass the limit the peer
+    /// announced, and the peer would close the whole connection (1009).
+    #[error("a {size}-byte frame exceeds the peer's {limit}-byte limit")]
+    TooLarge { size: usize, limit: usize },
 }
 
 /// Per-connection limits the reader enforces.
@@ -71,14 +75,22 @@ impl Default for LinkLimits {
     }
 }
 
-type Pending = DashMap<String, oneshot::Sender<Result<Inbound, RpcError>>>;
+type Waiter = oneshot::Sender<Result<Inbound, RpcError>>;
+
+/// The frame limit assumed for a peer that announces none: PROTOCOL.md's
+/// default `maxControlFrameBytes`.
+pub const DEFAULT_PEER_FRAME_BYTES: usize = 1 << 20;
 
 struct Inner {
     codec: Codec,
     version: Version,
     id_prefix: &'static str,
     out: mpsc::UnboundedSender<Message>,
-    pending: Pending,
+    /// Requests in flight and "closed", under one lock (see [`Pending`]).
+    pending: Mutex<Pending<String, Waiter>>,
+    /// The largest frame the peer accepts; requests above it are refused
+    /// here, never sent.
+    peer_max_frame: AtomicUsize,
     next_id: AtomicU64,
     closed: CancellationToken,
     started: Instant,
@@ -127,7 +139,8 @@ impl Link {
             version: transport.subprotocol.version,
             id_prefix,
             out: tx,
-            pending: DashMap::new(),
+            pending: Mutex::new(Pending::new()),
+            peer_max_frame: AtomicUsize::new(DEFAULT_PEER_FRAME_BYTES),
             next_id: AtomicU64::new(1),
             closed: closed.clone(),
             started: Instant::now(),
@@ -159,6 +172,30 @@ impl Link {
     /// Resolves when the connection is gone.
     pub async fn closed(&self) {
         self.inner.closed.cancelled().await
+    }
+
+    /// Set the largest frame the peer accepts (from its register
+    /// advertisement). Requests whose frame is larger fail with
+    /// [`CallError::TooLarge`] without being sent.
+    pub fn set_peer_max_frame_bytes(&self, bytes: usize) {
+        self.inner.peer_max_frame.store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn peer_max_frame_bytes(&self) -> usize {
+        self.inner.peer_max_frame.load(Ordering::Relaxed)
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending<String, Waiter>> {
+        // A panic while holding this lock cannot leave the map half
+        // updated (every operation is one map call): keep going.
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fail every request waiting for an answer and refuse new ones.
+    fn fail_pending(&self) {
+        let waiters = self.pending().close();
+        // Dropped outside the lock: each drop wakes a waiter with Closed.
+        drop(waiters);
     }
 
     /// Time since the last inbound frame of any kind.
@@ -196,6 +233,20 @@ impl Link {
     }
 
     /// Send a request and wait for its answer, at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`CallError::Closed`] when the connection is closed before the
+    /// answer (also when it was already closed: the request is never left
+    /// waiting), [`CallError::TooLarge`] when the frame would pass the
+    /// peer's limit (nothing is sent), [`CallError::Timeout`],
+    /// [`CallError::Rpc`] for an error answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the request sent; its waiter stays
+    /// registered until the answer arrives (and finds nobody) or the
+    /// connection closes.
     pub async fn request<P: Serialize, R: DeserializeOwned>(
         &self,
         method: Method,
@@ -210,17 +261,24 @@ impl Link {
             method: method.as_str(),
             params,
         })?;
+        let size = message_len(&msg);
+        let limit = self.peer_max_frame_bytes();
+        if size > limit {
+            return Err(CallError::TooLarge { size, limit });
+        }
         let (tx, rx) = oneshot::channel();
-        self.inner.pending.insert(id.clone(), tx);
+        if self.pending().insert(id.clone(), tx).is_err() {
+            return Err(CallError::Closed);
+        }
         if let Err(e) = self.send_message(msg) {
-            self.inner.pending.remove(&id);
+            self.pending().take(&id);
             return Err(e);
         }
         let answer = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) => return Err(CallError::Closed),
             Err(_) => {
-                self.inner.pending.remove(&id);
+                self.pending().take(&id);
                 return Err(CallError::Timeout(timeout));
             }
         };
@@ -361,6 +419,15 @@ impl Drop for Responder {
     }
 }
 
+/// The size the peer's reader measures: the frame's payload.
+fn message_len(msg: &Message) -> usize {
+    match msg {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
 async fn write_loop(
     mut sink: SplitSink<WsStream, Message>,
     mut rx: mpsc::UnboundedReceiver<Message>,
@@ -423,8 +490,9 @@ impl Reader {
         let link = self.link.clone();
         let closed = self.read_loop(&*dispatch).await;
         link.inner.closed.cancel();
-        // Fail every request still waiting for an answer.
-        link.inner.pending.clear();
+        // Fail every request still waiting for an answer; later ones are
+        // refused by the same state, so none is left waiting.
+        link.fail_pending();
         closed
     }
 
@@ -568,8 +636,9 @@ impl Reader {
 
     fn resolve(&self, id: &Id, answer: Result<Inbound, RpcError>) {
         let key = id.to_string();
-        match self.link.inner.pending.remove(&key) {
-            Some((_, tx)) => {
+        let waiter = self.link.pending().take(&key);
+        match waiter {
+            Some(tx) => {
                 let _ = tx.send(answer);
             }
             None => tracing::debug!(%id, "answer to an unknown or timed-out request"),

@@ -9,6 +9,7 @@ pub mod frame;
 pub mod link;
 pub mod method;
 pub mod outbox;
+pub mod pending;
 pub mod request;
 pub mod transport;
 pub mod types;
@@ -17,7 +18,10 @@ pub use blob::{Blob, BlobRef};
 pub use codec::{Codec, Subprotocol};
 pub use error::{CloseCode, ErrorCode, RpcError};
 pub use frame::{FrameKind, Id, Inbound};
-pub use link::{decode_params, CallError, Closed, Dispatch, Link, LinkLimits, Reader, Responder};
+pub use link::{
+    decode_params, CallError, Closed, Dispatch, Link, LinkLimits, Reader, Responder,
+    DEFAULT_PEER_FRAME_BYTES,
+};
 pub use method::{Method, Owner, Version, METHODS};
 pub use request::Request;
 pub use transport::{Endpoint, Transport};

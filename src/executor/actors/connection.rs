@@ -141,6 +141,13 @@ impl Connection {
                 return Err(format!("register failed: {e}"));
             }
         };
+        // The harness's own limit: a request of ours above it fails here
+        // instead of costing the connection (0: not said, keep the default).
+        if let Ok(max) = usize::try_from(result.max_control_frame_bytes) {
+            if max >= 4096 {
+                link.set_peer_max_frame_bytes(max);
+            }
+        }
         let registration = Registration {
             executor_id: result.executor_id,
             connection_id: result.connection_id,
@@ -182,6 +189,7 @@ impl Actor for Connection {
             "registered"
         );
         shared.set_registration(registration.clone());
+        shared.metrics.registrations.inc();
         shared.set_link(Some(link.clone()));
         if let Some(sessions) = shared.sessions_actor() {
             let _ = sessions.send_message(SessionsMsg::Registered {
@@ -300,11 +308,20 @@ impl Actor for Connection {
             }
             ConnMsg::HeartbeatFailed(e) => {
                 tracing::warn!(error = %e, "heartbeat unanswered: connection lost");
+                state
+                    .shared
+                    .metrics
+                    .connection_lost("heartbeat_timeout".to_owned());
                 state.link.close(CloseCode::GoingAway, "heartbeat timeout");
                 myself.stop(Some(stop::lost("heartbeat timeout")));
             }
             ConnMsg::Lost(closed) => {
                 tracing::warn!(code = ?closed.code, reason = %closed.reason, "connection lost");
+                state.shared.metrics.connection_lost(
+                    closed
+                        .code
+                        .map_or_else(|| "none".to_owned(), |c| c.code().to_string()),
+                );
                 let reason = match FinalStop::from_close(closed.code) {
                     Some(f) => f.reason(),
                     None => stop::lost(format_args!("{:?} {}", closed.code, closed.reason)),

@@ -80,6 +80,9 @@ async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
         return;
     };
     if entry.registered {
+        shared
+            .metrics
+            .connection_closed(closed.code.map(|c| c.code()));
         shared.emit(HarnessEvent::ExecutorDisconnected {
             executor_id: entry.executor_id,
             connection_id: entry.connection_id,
@@ -87,6 +90,16 @@ async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
             reason: closed.reason,
         });
     }
+}
+
+/// The largest frame the executor reads: its `maxFrameBytes`
+/// advertisement, else PROTOCOL.md's default 1 MiB. Below 4 KiB it is
+/// not believed (no useful request fits) and the default applies.
+fn peer_frame_limit(caps: &crate::wire::types::Capabilities) -> usize {
+    caps.max_frame_bytes
+        .filter(|&b| b >= 4096)
+        .map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+        .unwrap_or(crate::wire::DEFAULT_PEER_FRAME_BYTES)
 }
 
 pub struct Connection;
@@ -315,6 +328,8 @@ impl ConnState {
             }
             Method::ExecutorCapabilitiesUpdate => {
                 if let Some(p) = decode_params::<CapabilitiesUpdateParams>(&frame, &mut reply) {
+                    self.link
+                        .set_peer_max_frame_bytes(peer_frame_limit(&p.capabilities));
                     if let Some(mut e) = self.shared.conns.get_mut(&self.conn) {
                         e.capabilities = p.capabilities;
                     }
@@ -442,11 +457,15 @@ impl ConnState {
             return reply.err(RpcError::internal("the harness is shutting down"));
         };
         self.registered = true;
+        self.link
+            .set_peer_max_frame_bytes(peer_frame_limit(&params.capabilities));
         if let Some(mut e) = self.shared.conns.get_mut(&self.conn) {
             e.registered = true;
             e.info = Some(params.executor.clone());
             e.capabilities = params.capabilities.clone();
         }
+        // Requests waiting for this executor (terminals) can go now.
+        self.shared.routes_changed();
         let config = &self.shared.config;
         reply.ok(&RegisterResult {
             executor_id: self.executor_id.clone(),

@@ -439,6 +439,7 @@ impl LeasesState {
             if let Some(link) = self.shared.link_of(old) {
                 link.close(CloseCode::Replaced, "replaced");
             }
+            self.shared.metrics.replacements.inc();
             tracing::info!(%executor_id, replaced = %old, by = %conn, "connection replaced (4004)");
         }
         self.shared.executors.insert(executor_id.to_owned(), conn);
@@ -458,6 +459,8 @@ impl LeasesState {
         for s in &r.ended {
             self.end_session(s, "lease_lost");
         }
+        // Requests lost with the old connection are sent again now.
+        self.shared.routes_changed();
         r
     }
 
@@ -711,6 +714,8 @@ impl LeasesState {
         }
         mcp::session_ended(&self.shared, session_id, reason);
         turns::session_ended(&self.shared, session_id, reason);
+        // Re-senders waiting for this session's route give up.
+        self.shared.routes_changed();
         self.shared.emit(HarnessEvent::SessionEnded {
             session_id: session_id.to_owned(),
             reason: reason.to_owned(),
@@ -730,6 +735,7 @@ impl LeasesState {
             }
         }
         for s in tick.expired {
+            self.shared.metrics.lease_expiries.inc();
             self.end_session(&s, "lease_expired");
         }
     }

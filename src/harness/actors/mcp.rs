@@ -925,6 +925,9 @@ async fn open(
             .with_reason("open_timeout")
             .with_detail(format!("mcp.open unanswered within {d:?}")),
         )),
+        Err(e @ CallError::TooLarge { .. }) => Err(OpenError::Refused(
+            RpcError::payload_too_large(e.to_string()).with_reason("frame_too_large"),
+        )),
         Err(CallError::Decode(d)) => Err(OpenError::Refused(
             RpcError::internal(format!("undecodable mcp.open answer: {d}"))
                 .with_reason("bad_executor_answer"),

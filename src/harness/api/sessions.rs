@@ -7,6 +7,7 @@ use crate::harness::actors::leases::{LeasesMsg, Route};
 use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
 use crate::harness::types::{SessionInfo, SessionState};
+use crate::lease::ConnId;
 use crate::wire::types::{
     Accepted, AssignParams, AssignResult, JsonMap, LeaseGrant, McpServerSpec, ProcessListResult,
     ProcessReadParams, ProcessReadResult, ProcessRefParams, ProcessStartParams, ProcessState,
@@ -167,14 +168,37 @@ impl Sessions {
             metadata: req.metadata,
             resources: Vec::new(),
         };
-        let answer = a
-            .link
-            .request::<_, AssignResult>(
-                Method::SessionAssign,
-                &params,
-                shared.config.request_timeout,
-            )
-            .await;
+        // Idempotent by (sessionId, fencingToken): sent again on the
+        // resumed connection when the first one is lost before the answer
+        // (the executor lists the session in its resume only if the
+        // assign reached it; otherwise the lease ends and so does this).
+        let handle = Session {
+            shared: shared.clone(),
+            id: session_id.clone(),
+        };
+        let deadline = tokio::time::Instant::now()
+            + shared.config.request_timeout
+            + Duration::from_millis(shared.config.lease_ttl_ms);
+        let (mut link, mut conn) = (a.link.clone(), a.grant.holder);
+        let answer = loop {
+            let r = link
+                .request::<_, AssignResult>(
+                    Method::SessionAssign,
+                    &params,
+                    shared.config.request_timeout,
+                )
+                .await;
+            if !matches!(r, Err(CallError::Closed)) {
+                break r;
+            }
+            match handle
+                .next_route(conn, deadline, || ApiError::from_call(CallError::Closed))
+                .await
+            {
+                Ok(route) => (link, conn) = (route.link, route.conn),
+                Err(_) => break r,
+            }
+        };
         let result = match answer {
             Ok(r) if r.accepted => Ok(()),
             Ok(_) => Err(ApiError::no_executor(
@@ -277,6 +301,94 @@ impl Session {
             .map_err(ApiError::from_call)
     }
 
+    fn count_resend(&self, method: Method) {
+        self.shared
+            .metrics
+            .resends
+            .get_or_create(&crate::harness::metrics::MethodLabel {
+                method: method.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// [`ApiError::from_call`], counting requests refused as too large.
+    fn call_error(&self, e: CallError) -> ApiError {
+        if matches!(e, CallError::TooLarge { .. }) {
+            self.shared.metrics.frames_refused.inc();
+        }
+        ApiError::from_call(e)
+    }
+
+    /// The route to this session on a connection other than `stale`: the
+    /// one its executor resumed it on. Waits (woken by the leases actor,
+    /// see [`Shared::route_changes`]) while the executor is away, at most
+    /// until `deadline`.
+    ///
+    /// # Errors
+    ///
+    /// The route's own error once it is final (the session ended: its
+    /// lease expired, or the executor came back without it), or `lost`
+    /// when `deadline` passes first.
+    async fn next_route(
+        &self,
+        stale: ConnId,
+        deadline: tokio::time::Instant,
+        lost: impl Fn() -> ApiError,
+    ) -> Result<Route, ApiError> {
+        let mut changes = self.shared.route_changes();
+        loop {
+            changes.borrow_and_update();
+            match self.route().await {
+                Ok(r) if r.conn != stale => return Ok(r),
+                Ok(_) => {}
+                Err(e) if e.error.reason() == Some("executor_disconnected") => {}
+                Err(e) => return Err(e),
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(shutting_down()),
+                Err(_) => return Err(lost()),
+            }
+        }
+    }
+
+    /// An idempotent request (the executor dedupes it by its id, or it has
+    /// no effect): when the connection is lost before the answer, it is
+    /// sent again on the connection that resumes the session, until it is
+    /// answered or the session's lease is over. So a call in flight during
+    /// a drop gets its answer instead of 502 (docs/api.md, "Dropped
+    /// connections").
+    ///
+    /// # Errors
+    ///
+    /// As [`Session::request`]; when the executor does not come back
+    /// within the lease TTL, the session's error (410, `lease_expired`).
+    pub(crate) async fn request_resending<P: Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        params: &P,
+        timeout: Duration,
+    ) -> Result<R, ApiError> {
+        let mut route = self.route().await?;
+        let deadline = tokio::time::Instant::now()
+            + timeout
+            + Duration::from_millis(self.shared.config.lease_ttl_ms);
+        loop {
+            match route.link.request(method, params, timeout).await {
+                Err(CallError::Closed) => {
+                    tracing::debug!(session = %self.id, %method, "connection lost with a request in flight: waiting to send it again");
+                    route = self
+                        .next_route(route.conn, deadline, || {
+                            ApiError::from_call(CallError::Closed)
+                        })
+                        .await?;
+                    self.count_resend(method);
+                }
+                r => return r.map_err(|e| self.call_error(e)),
+            }
+        }
+    }
+
     /// `process.start`; `params.session_id` is set to this session.
     pub async fn start_process(
         &self,
@@ -288,12 +400,14 @@ impl Session {
         }
         let timeout =
             self.shared.config.request_timeout + Duration::from_millis(params.wait_ms.unwrap_or(0));
-        self.request(Method::ProcessStart, &params, timeout).await
+        // Deduped by `processId` (same spec: the current state).
+        self.request_resending(Method::ProcessStart, &params, timeout)
+            .await
     }
 
     pub async fn list_processes(&self) -> Result<Vec<ProcessState>, ApiError> {
         let r: ProcessListResult = self
-            .request(
+            .request_resending(
                 Method::ProcessList,
                 &SessionRefParams {
                     session_id: self.id.clone(),
@@ -319,7 +433,26 @@ impl Session {
             wait_ms: wait,
         };
         let timeout = self.shared.config.request_timeout + Duration::from_millis(wait.unwrap_or(0));
-        self.request(Method::ProcessRead, &params, timeout).await
+        let stream = params.stream;
+        // A read has no effect on the executor: sending it again is safe.
+        let r: ProcessReadResult = self
+            .request_resending(Method::ProcessRead, &params, timeout)
+            .await?;
+        self.shared
+            .metrics
+            .output_bytes
+            .get_or_create(&crate::harness::metrics::StreamLabel {
+                stream: match stream {
+                    Stream::Stdout => "stdout",
+                    Stream::Stderr => "stderr",
+                }
+                .to_owned(),
+            })
+            .inc_by(r.data.len() as u64);
+        if r.gap {
+            self.shared.metrics.ring_gaps.inc();
+        }
+        Ok(r)
     }
 
     /// `process.write`: bytes to stdin, optionally closing it.
@@ -376,6 +509,29 @@ impl Session {
     /// per `toolCallId`; if the executor is lost and its lease expires
     /// first, the call fails with 502 `tool_outcome_unknown`.
     pub async fn call_tool(&self, call: ToolCall) -> Result<ToolResultParams, ApiError> {
+        let started = std::time::Instant::now();
+        let r = self.call_tool_once(call).await;
+        let outcome = match &r {
+            Ok(r) => match serde_json::to_value(r.outcome) {
+                Ok(serde_json::Value::String(s)) => s,
+                _ => "unknown".to_owned(),
+            },
+            Err(e) => match e.error.reason() {
+                Some(
+                    reason @ ("tool_outcome_unknown" | "frame_too_large" | "executor_disconnected"),
+                ) => reason.to_owned(),
+                _ if e.status == 504 => "timeout".to_owned(),
+                _ if e.status < 500 => "refused".to_owned(),
+                _ => "error".to_owned(),
+            },
+        };
+        self.shared
+            .metrics
+            .tool_call(&outcome, started.elapsed().as_secs_f64());
+        r
+    }
+
+    async fn call_tool_once(&self, call: ToolCall) -> Result<ToolResultParams, ApiError> {
         if call.tool.is_empty() {
             return Err(ApiError::bad_request("tool is required"));
         }
@@ -405,58 +561,97 @@ impl Session {
                 });
             }
         };
-        if let Some(route) = route {
-            let params = ToolCallParams {
-                session_id: self.id.clone(),
-                tool_call_id: tool_call_id.clone(),
-                tool: call.tool.clone(),
-                input: call.input.clone(),
-                deadline_ms: call.deadline_ms,
-                permission: None,
-            };
-            let sent = route
-                .link
-                .request::<_, serde_json::Value>(
-                    Method::ToolCall,
-                    &params,
-                    self.shared.config.request_timeout,
-                )
-                .await;
-            match sent {
-                Ok(_) => {}
-                // The connection dropped after sending: the call may be
-                // running; the lease decides (resume or tool_outcome_unknown).
-                Err(CallError::Closed) | Err(CallError::Timeout(_)) => {}
-                Err(e) => {
-                    // The executor refused the call: the waiter may still
-                    // have got a result (a repeated id); prefer it.
-                    if let Ok(Ok(r)) = wrx.try_recv() {
-                        return Ok(r);
-                    }
-                    drop(wrx);
-                    forget();
-                    return Err(ApiError::from_call(e));
-                }
-            }
-        }
         let limit = match call.deadline_ms {
             Some(d) => Duration::from_millis(d) + Duration::from_secs(5),
             None => self.shared.config.tool_timeout,
         };
-        match tokio::time::timeout(limit, &mut wrx).await {
-            Ok(Ok(r)) => r,
-            // The leases actor crashed with the waiter; its successor does
-            // not know the call, so its outcome is unknown to us.
-            Ok(Err(_)) if !self.shared.shutdown.is_cancelled() => {
-                Err(ApiError::tool_outcome_unknown(&tool_call_id))
+        let deadline = tokio::time::Instant::now() + limit;
+        let params = ToolCallParams {
+            session_id: self.id.clone(),
+            tool_call_id: tool_call_id.clone(),
+            tool: call.tool.clone(),
+            input: call.input.clone(),
+            deadline_ms: call.deadline_ms,
+            permission: None,
+        };
+        // Send `tool.call` until the executor has accepted it once. A
+        // connection lost (or silent) before the answer leaves the call's
+        // fate unknown: it is sent again on the connection that resumes
+        // the session (the executor runs a `toolCallId` at most once and
+        // sends its result again), so a call lost in a drop is not left
+        // hanging. When the session ends instead (lease expired), its
+        // waiter gets `tool_outcome_unknown` from the leases actor.
+        let send = async {
+            let Some(mut route) = route else {
+                return Ok(());
+            };
+            loop {
+                let sent = route
+                    .link
+                    .request::<_, serde_json::Value>(
+                        Method::ToolCall,
+                        &params,
+                        self.shared.config.request_timeout,
+                    )
+                    .await;
+                match sent {
+                    Ok(_) => return Ok(()),
+                    Err(CallError::Closed) | Err(CallError::Timeout(_)) => {
+                        tracing::debug!(session = %self.id, tool_call = %tool_call_id, "tool.call unanswered on a lost connection: sending it again on the resumed one");
+                        match self
+                            .next_route(route.conn, deadline, || {
+                                ApiError::from_call(CallError::Closed)
+                            })
+                            .await
+                        {
+                            Ok(r) => {
+                                route = r;
+                                self.count_resend(Method::ToolCall);
+                            }
+                            // Over: the waiter is answered (or times out).
+                            Err(_) => return Ok(()),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            Ok(Err(_)) => Err(shutting_down()),
-            Err(_) => {
-                drop(wrx);
-                forget();
-                Err(ApiError::rpc(RpcError::timeout(format!(
-                    "no result for tool call {tool_call_id:?} within {limit:?}"
-                ))))
+        };
+        tokio::pin!(send);
+        let expired = tokio::time::sleep_until(deadline);
+        tokio::pin!(expired);
+        let mut sending = true;
+        loop {
+            tokio::select! {
+                r = &mut wrx => return match r {
+                    Ok(r) => r,
+                    // The leases actor crashed with the waiter; its
+                    // successor does not know the call, so its outcome is
+                    // unknown to us.
+                    Err(_) if !self.shared.shutdown.is_cancelled() => {
+                        Err(ApiError::tool_outcome_unknown(&tool_call_id))
+                    }
+                    Err(_) => Err(shutting_down()),
+                },
+                sent = &mut send, if sending => {
+                    sending = false;
+                    if let Err(e) = sent {
+                        // The executor refused the call: the waiter may
+                        // still have got a result (a repeated id); prefer it.
+                        if let Ok(Ok(r)) = wrx.try_recv() {
+                            return Ok(r);
+                        }
+                        drop(wrx);
+                        forget();
+                        return Err(self.call_error(e));
+                    }
+                }
+                _ = &mut expired => {
+                    drop(wrx);
+                    forget();
+                    return Err(ApiError::rpc(RpcError::timeout(format!(
+                        "no result for tool call {tool_call_id:?} within {limit:?}"
+                    ))));
+                }
             }
         }
     }

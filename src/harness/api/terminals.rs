@@ -312,7 +312,12 @@ impl Terminals {
     pub(crate) fn link(&self, executor_id: &str) -> Result<Link, ApiError> {
         let shared = &self.shared;
         let conn = shared.executors.get(executor_id).map(|c| *c);
-        let Some(entry) = conn.and_then(|c| shared.conns.get(&c).map(|e| e.clone())) else {
+        // Registered: its capabilities are known (a resumed connection is
+        // in the registry a moment before its register is answered).
+        let entry = conn
+            .and_then(|c| shared.conns.get(&c).map(|e| e.clone()))
+            .filter(|e| e.registered);
+        let Some(entry) = entry else {
             return Err(if shared.terminals.has_executor(executor_id) {
                 executor_disconnected(executor_id)
             } else {
@@ -361,6 +366,53 @@ impl Terminals {
         }
     }
 
+    /// A request deduped by the executor (`terminal.open` by
+    /// `terminalId` and spec): when the connection is lost before the
+    /// answer, it is sent again once the executor is back (terminals
+    /// outlive its connections), at most a lease TTL later.
+    ///
+    /// # Errors
+    ///
+    /// As a plain request; 502 `executor_lost` when the executor does not
+    /// come back in time.
+    async fn request_resending<P: Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        executor_id: &str,
+        method: Method,
+        params: &P,
+    ) -> Result<R, ApiError> {
+        let timeout = self.shared.config.request_timeout;
+        let deadline = tokio::time::Instant::now()
+            + timeout
+            + Duration::from_millis(self.shared.config.lease_ttl_ms);
+        let mut link = self.link(executor_id)?;
+        loop {
+            match link.request(method, params, timeout).await {
+                Err(CallError::Closed) => {}
+                r => return r.map_err(ApiError::from_call),
+            }
+            let mut changes = self.shared.route_changes();
+            link = loop {
+                changes.borrow_and_update();
+                match self.link(executor_id) {
+                    Ok(l) if !l.is_closed() => break l,
+                    Ok(_) => {}
+                    // It was connected a moment ago: wait for it.
+                    Err(e)
+                        if matches!(
+                            e.error.reason(),
+                            Some("executor_disconnected" | "unknown_executor")
+                        ) => {}
+                    Err(e) => return Err(e),
+                }
+                match tokio::time::timeout_at(deadline, changes.changed()).await {
+                    Ok(Ok(())) => {}
+                    _ => return Err(ApiError::from_call(CallError::Closed)),
+                }
+            };
+        }
+    }
+
     /// `terminal.open`; records the terminal in the registry.
     pub async fn open(
         &self,
@@ -405,15 +457,9 @@ impl Terminals {
             cols,
             rows,
         };
-        let link = self.link(executor_id)?;
-        let r: TerminalOpenResult = link
-            .request(
-                Method::TerminalOpen,
-                &spec,
-                self.shared.config.request_timeout,
-            )
-            .await
-            .map_err(ApiError::from_call)?;
+        let r: TerminalOpenResult = self
+            .request_resending(executor_id, Method::TerminalOpen, &spec)
+            .await?;
         registry.opened(executor_id, spec, &r);
         registry
             .view(executor_id, &terminal_id)

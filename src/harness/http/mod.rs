@@ -53,6 +53,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(CONNECT_PATH, get(connect))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/executors", get(list_executors))
         .route(
             "/v1/enrollments",
@@ -124,6 +125,20 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .layer(middleware::from_fn_with_state(app.clone(), api_auth))
         .layer(middleware::from_fn(trace_request))
         .with_state(app)
+}
+
+/// `GET /metrics`: the harness's metrics in the Prometheus / OpenMetrics
+/// text format (docs/reliability.md lists them).
+async fn metrics(State(app): State<App>) -> Response {
+    let body = app.shared.metrics.render(&app.shared);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::harness::metrics::CONTENT_TYPE,
+        )],
+        body,
+    )
+        .into_response()
 }
 
 /// A span per HTTP request, named by `x-request-id` (taken from the

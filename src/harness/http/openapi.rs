@@ -437,6 +437,7 @@ fn base() -> Value {
             "responses": {"101": {"description": "switching protocols"}, "400": err("not an upgrade, or no common subprotocol"), "401": err("unknown token")}}},
         "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3 document"}}}},
         "/v1/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "{\"ok\": true}"}}}},
+        "/metrics": {"get": {"summary": "Metrics (OpenMetrics text; docs/reliability.md)", "responses": {"200": {"description": "application/openmetrics-text; version=1.0.0"}}}},
         "/v1/executors": {"get": {"summary": "Live executor connections", "responses": {"200": ok("executors", "Executors")}}},
         "/v1/sessions": {
           "get": {"summary": "Sessions (live and recently ended)", "responses": {"200": ok("sessions", "Sessions")}},

@@ -27,6 +27,12 @@ wire_struct! {
         pub fs: Option<FsCapability>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub shell: Option<ShellCapability>,
+        /// `maxFrameBytes` (a bmx extension): the largest frame this peer
+        /// reads before closing with 1009. The harness refuses a request
+        /// that would not fit instead of sending it; a peer that does not
+        /// say is taken to accept PROTOCOL.md's default 1 MiB.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_frame_bytes: Option<u64>,
         /// Members this version does not know, kept so a newer peer's
         /// advertisement survives a round trip.
         #[serde(flatten, default, skip_serializing_if = "JsonMap::is_empty")]
