@@ -143,3 +143,49 @@ async fn two_clients_and_the_lease_handover() {
     let (st, e) = v.req("GET", "/v1/sessions/nope/attach", None).await;
     assert_eq!((st, e["error"]["code"].as_str()), (404, Some("not_found")));
 }
+
+/// A flood of output (64 MiB, far more than the 1 MiB scrollback) with
+/// one client that reads and one that never does: the reading client gets
+/// every byte in order with no resync (the PTY waits for it), and the
+/// stalled one does not hold the session up (it is left behind).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_keeps_up_gets_every_byte_of_a_flood() {
+    use futures_util::StreamExt;
+    const BYTES: usize = 64 << 20;
+    let v = Visor::start();
+    let cmd = format!("read go; head -c {BYTES} /dev/zero | tr '\\0' a; echo; echo flood-done");
+    let id = v.start_pty(&["sh", "-c", &cmd], json!({})).await;
+    let path = format!("/v1/sessions/{id}/attach");
+    let mut reader = v.ws(&path).await;
+    let mut first = Vec::new();
+    until_json(&mut reader, &mut first, "attached", |f| {
+        f["type"] == "attached"
+    })
+    .await;
+    // Never read: its socket fills and it stops taking output.
+    let stalled = v.ws(&path).await;
+    v.keys(&id, "\n").await;
+    let (mut a_bytes, mut snapshots, mut tail) = (0usize, 0usize, Vec::new());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, reader.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) if b[0] == 1 => {
+                let data = &b[9..];
+                a_bytes += data.iter().filter(|&&c| c == b'a').count();
+                tail.extend_from_slice(data);
+                let keep = tail.len().saturating_sub(64);
+                tail.drain(..keep);
+            }
+            // The attach's first snapshot comes before any output.
+            Ok(Some(Ok(Message::Binary(b)))) if b[0] == 3 && a_bytes > 0 => snapshots += 1,
+            Ok(Some(Ok(Message::Text(t)))) if t.contains("\"ended\"") => break,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("the flood did not end ({other:?}) after {a_bytes} bytes"),
+        }
+    }
+    assert_eq!(snapshots, 0, "the reading client was resynchronised");
+    assert_eq!(a_bytes, BYTES, "the reading client missed output");
+    assert!(String::from_utf8_lossy(&tail).contains("flood-done"));
+    drop(stalled);
+}

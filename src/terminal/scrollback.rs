@@ -109,6 +109,18 @@ impl Scrollback {
         self.bytes
     }
 
+    /// Bytes retained in chunks with `seq >= from_seq` (what a reader at
+    /// `from_seq` has still to take); walks from the newest chunk, so it
+    /// costs the reader's lag, not the scrollback's size.
+    pub fn bytes_from(&self, from_seq: u64) -> usize {
+        self.chunks
+            .iter()
+            .rev()
+            .take_while(|(seq, _)| *seq >= from_seq)
+            .map(|(_, b)| b.len())
+            .sum()
+    }
+
     /// The byte budget (after clamping).
     pub fn max_bytes(&self) -> usize {
         self.max_bytes

@@ -5,7 +5,9 @@
 //! then data; op 1 output, op 3 snapshot). A client that attaches with no
 //! `after`, or one older than the scrollback holds, first gets a snapshot:
 //! a redraw of the screen model at the seq it stands for. A client that
-//! falls behind the scrollback gets a fresh snapshot. The PTY never waits:
+//! falls behind the scrollback gets a fresh snapshot. The PTY waits (up to
+//! `pty::PACE_WAIT`) for an attached client that keeps taking output, so
+//! that one misses nothing; beyond that it does not wait:
 //! this task reads the shared scrollback at its own pace.
 
 use super::http::{close, query, query_u64, upgrade, WsStream, MAX_KEYS, MAX_TEXT, SEND_TIMEOUT};
@@ -148,11 +150,15 @@ impl Attached {
             Some(a) if a + 1 >= earliest && a <= latest => a + 1,
             _ => self.snapshot(sink).await?,
         };
+        // A client that keeps up misses nothing: the PTY reader waits for
+        // it (see `pty::Output::pace`).
+        let pace = d.output.pace(next);
         loop {
             out_rx.borrow_and_update();
             let replay = d.output.with(|sb| sb.replay(next));
             if replay.gap.is_some() {
                 next = self.snapshot(sink).await?;
+                pace.resync(next);
                 continue;
             }
             for (seq, chunk) in replay.chunks {
@@ -165,6 +171,7 @@ impl Attached {
                 .await
                 .map_err(|_| Gone)?
                 .map_err(|_| Gone)?;
+            pace.advance(next);
             let ended = *ended_rx.borrow_and_update();
             if let Some(code) = ended {
                 put(

@@ -13,11 +13,19 @@ use crate::process::sys;
 use crate::terminal::scrollback::Scrollback;
 use crate::wire::types::TerminalOpenParams;
 use bytes::Bytes;
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, watch};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
+
+/// How long the PTY reader waits for a paced reader that stopped taking
+/// output before it leaves that reader behind (it resynchronises with a
+/// snapshot) and reads on.
+pub const PACE_WAIT: Duration = Duration::from_millis(250);
 
 /// Bytes one read of the master asks for (and so the largest chunk).
 pub const READ_CHUNK: usize = 64 << 10;
@@ -32,6 +40,42 @@ pub struct Output {
     /// Set while a poke to the actor is queued: the reader sends at most one
     /// at a time, so a fast program cannot grow the actor's mailbox.
     poke_queued: AtomicBool,
+    /// Paced readers (attached clients that take every byte): id → the
+    /// next seq each wants, and whether it was left behind.
+    paced: Mutex<BTreeMap<u64, (u64, bool)>>,
+    next_paced: AtomicU64,
+    /// A paced reader moved or went.
+    paced_moved: Notify,
+}
+
+/// A paced reader's place in [`Output`]; dropped, it stops pacing.
+pub struct Pace {
+    output: Arc<Output>,
+    id: u64,
+}
+
+impl Pace {
+    /// The reader took everything before `next`.
+    pub fn advance(&self, next: u64) {
+        self.output.set_paced(self.id, next, false);
+    }
+
+    /// The reader resynchronised (a snapshot) and wants `next` on: paced
+    /// again even if it had been left behind.
+    pub fn resync(&self, next: u64) {
+        self.output.set_paced(self.id, next, true);
+    }
+}
+
+impl Drop for Pace {
+    fn drop(&mut self) {
+        self.output
+            .paced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+        self.output.paced_moved.notify_waiters();
+    }
 }
 
 impl Output {
@@ -40,7 +84,84 @@ impl Output {
             scrollback: Mutex::new(Scrollback::new(max_bytes)),
             latest: watch::channel(0).0,
             poke_queued: AtomicBool::new(false),
+            paced: Mutex::new(BTreeMap::new()),
+            next_paced: AtomicU64::new(1),
+            paced_moved: Notify::new(),
         })
+    }
+
+    /// Register a paced reader at `next`: while it keeps taking output the
+    /// PTY reader never gets more than half the scrollback ahead of it, so
+    /// it never misses a byte (the program waits instead, as it would on
+    /// a plain terminal). One that stops taking output for [`PACE_WAIT`]
+    /// is left behind until it resynchronises.
+    pub fn pace(self: &Arc<Self>, next: u64) -> Pace {
+        let id = self.next_paced.fetch_add(1, Ordering::Relaxed);
+        self.paced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (next, false));
+        Pace {
+            output: self.clone(),
+            id,
+        }
+    }
+
+    fn set_paced(&self, id: u64, next: u64, resync: bool) {
+        if let Some(e) = self
+            .paced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&id)
+        {
+            e.0 = next;
+            if resync {
+                e.1 = false;
+            }
+        }
+        self.paced_moved.notify_waiters();
+    }
+
+    /// Whether a paced reader (not left behind) is more than half the
+    /// scrollback behind.
+    fn overrun(&self) -> bool {
+        let paced = self.paced.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(slowest) = paced
+            .values()
+            .filter(|(_, behind)| !behind)
+            .map(|(n, _)| *n)
+            .min()
+        else {
+            return false;
+        };
+        drop(paced);
+        self.with(|sb| sb.bytes_from(slowest) > sb.max_bytes() / 2)
+    }
+
+    /// Mark every paced reader still overrun as left behind.
+    fn leave_behind(&self) {
+        let mut paced = self.paced.lock().unwrap_or_else(|p| p.into_inner());
+        let half = self.with(|sb| sb.max_bytes() / 2);
+        for (next, behind) in paced.values_mut() {
+            if !*behind && self.with(|sb| sb.bytes_from(*next)) > half {
+                *behind = true;
+            }
+        }
+    }
+
+    /// Wait (at most [`PACE_WAIT`]) until no paced reader is overrun.
+    async fn wait_for_paced(&self) {
+        let deadline = tokio::time::Instant::now() + PACE_WAIT;
+        loop {
+            let moved = self.paced_moved.notified();
+            if !self.overrun() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, moved).await.is_err() {
+                self.leave_behind();
+                return;
+            }
+        }
     }
 
     pub fn with<R>(&self, f: impl FnOnce(&Scrollback) -> R) -> R {
@@ -207,6 +328,9 @@ pub async fn reader(master: OwnedFd, output: Arc<Output>, poke: impl Fn() -> boo
     };
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
+        // Paced readers first: the program waits (its writes block on the
+        // full PTY) rather than an attached client missing output.
+        output.wait_for_paced().await;
         let Ok(mut guard) = afd.readable().await else {
             break;
         };
