@@ -462,6 +462,22 @@ fn targets_lists_a_bound_executor_and_the_visor_while_they_run() {
     assert_eq!(s["data"]["runtime"]["pid"], visor.pid());
     assert_eq!(s["data"]["diagnostics"]["socket_reachable"], true);
 
+    // The visor's own `--json` answers are envelope lines too, failures
+    // included (one line on stdout, exit 1).
+    let ls = home.out(&["visor", "ls", "--json"]);
+    let v: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert!(errors(None, &v).is_empty(), "{v}");
+    assert_eq!(
+        (v["ok"].clone(), v["data"]["sessions"].clone()),
+        (json!(true), json!([]))
+    );
+    assert_eq!(v["trace"]["target_id"], "visor");
+    let bad = home.out(&["visor", "stop", "s-nope", "--json"]);
+    let v: Value = serde_json::from_slice(&bad.stdout).unwrap();
+    assert!(errors(None, &v).is_empty(), "{v}");
+    assert_eq!(v["error"]["code"], "TARGET_EXEC_FAILED");
+    assert!(!bad.status.success());
+
     // env stop works on any running target: SIGTERM to its lock holder.
     let s = home.env("stop", &["--target", &wid]);
     assert_eq!(s["data"]["operation"]["performed"], true, "{s}");

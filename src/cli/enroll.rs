@@ -6,6 +6,7 @@ use bmx::client::{encode_component, ApiClient};
 use bmx::runner::credentials::{
     bmx_home, CredentialStore, HarnessCredentials, LocalCredential, PendingEnrollment,
 };
+use bmx::runner::envelope::Response;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -82,7 +83,7 @@ pub struct OperatorArgs {
     /// `pending` (default), `approved`, `denied`, `expired`, `consumed` or `all`.
     #[arg(long, default_value = "pending")]
     pub status: String,
-    /// Print the API's JSON.
+    /// Print the answer as one `--json` envelope line.
     #[arg(long)]
     pub json: bool,
 }
@@ -136,7 +137,7 @@ pub async fn run_enrollments(cmd: EnrollmentsCommand) -> ExitCode {
             match c.get(&path).await {
                 Ok((200, v)) => {
                     if a.json {
-                        say!("{v}");
+                        say!("{}", Response::success(&v, None).to_line());
                     } else {
                         say!(
                             "{:<10} {:<10} {:<20} {:<20} WORKSPACE",
@@ -158,14 +159,8 @@ pub async fn run_enrollments(cmd: EnrollmentsCommand) -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Ok((_, v)) => {
-                    eprintln!("bmx enrollments ls: {}", api_message(&v));
-                    ExitCode::from(1)
-                }
-                Err(e) => {
-                    eprintln!("bmx enrollments ls: {}: {e}", a.harness);
-                    ExitCode::from(1)
-                }
+                Ok((_, v)) => failed(a.json, "enrollments ls", api_message(&v)),
+                Err(e) => failed(a.json, "enrollments ls", format!("{}: {e}", a.harness)),
             }
         }
         EnrollmentsCommand::Approve(a) => decide(a, "approve").await,
@@ -218,18 +213,16 @@ pub async fn run_credentials(cmd: CredentialsCommand) -> ExitCode {
                 Err(e) => return e,
             };
             match c.get("/v1/credentials").await {
+                Ok((200, v)) if a.json => {
+                    say!("{}", Response::success(&v, None).to_line());
+                    ExitCode::SUCCESS
+                }
                 Ok((200, v)) => {
                     say!("{v}");
                     ExitCode::SUCCESS
                 }
-                Ok((_, v)) => {
-                    eprintln!("bmx credentials ls: {}", api_message(&v));
-                    ExitCode::from(1)
-                }
-                Err(e) => {
-                    eprintln!("bmx credentials ls: {}: {e}", a.harness);
-                    ExitCode::from(1)
-                }
+                Ok((_, v)) => failed(a.json, "credentials ls", api_message(&v)),
+                Err(e) => failed(a.json, "credentials ls", format!("{}: {e}", a.harness)),
             }
         }
         CredentialsCommand::Revoke(a) => {
@@ -391,6 +384,18 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
         json!({"userCode": pending.user_code, "enrollmentId": pending.enrollment_id, "resumed": resumed})
     );
     poll_until_done(&api, &store, &url, &workspace, pending).await
+}
+
+/// An operator command failed: the message on stderr and, under `--json`,
+/// one `TARGET_EXEC_FAILED` envelope line on stdout; exit 1.
+fn failed(json: bool, command: &str, message: String) -> ExitCode {
+    use bmx::runner::envelope::{ErrorCode, ResponseError};
+    eprintln!("bmx {command}: {message}");
+    if json {
+        let error = ResponseError::new(ErrorCode::TargetExecFailed, message);
+        say!("{}", Response::failure(error, None).to_line());
+    }
+    ExitCode::from(1)
 }
 
 /// A stable, non-secret label of this machine for the operator.

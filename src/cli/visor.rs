@@ -84,6 +84,25 @@ fn fail(e: ClientError) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// The target id of the visor in `--json` envelopes (`bmx targets`).
+const TARGET: &str = "visor";
+
+/// One `--json` answer: the visor's JSON as the envelope's `data`.
+fn envelope(v: &Value) -> String {
+    bmx::runner::envelope::Response::success(v, Some(TARGET)).to_line()
+}
+
+/// A failure under `--json`: one envelope line on stdout (the message on
+/// stderr too), exit 1.
+fn fail_json(e: ClientError) -> ExitCode {
+    use bmx::runner::envelope::{ErrorCode, Response, ResponseError};
+    eprintln!("bmx visor: {e}");
+    let error = ResponseError::new(ErrorCode::TargetExecFailed, e.to_string());
+    let line = Response::failure(error, Some(TARGET)).to_line();
+    println!("{line}");
+    ExitCode::from(1)
+}
+
 fn enc(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -110,7 +129,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             };
             client::request(&socket, "GET", &path, None).await.map(|v| {
                 if json {
-                    println!("{v}");
+                    println!("{}", envelope(&v));
                 } else {
                     println!(
                         "{:<16} {:<9} {:<8} {:>7}  TITLE",
@@ -150,7 +169,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{v}");
+                        println!("{}", envelope(&v));
                     } else {
                         println!("{}", v["id"].as_str().unwrap_or(""));
                     }
@@ -162,7 +181,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{v}");
+                        println!("{}", envelope(&v));
                     } else {
                         println!("{}", v["delivery"].as_str().unwrap_or(""));
                     }
@@ -172,7 +191,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             let path = format!("/v1/sessions/{}/screen", enc(&session));
             client::request(&socket, "GET", &path, None).await.map(|v| {
                 if json {
-                    println!("{v}");
+                    println!("{}", envelope(&v));
                 } else {
                     for l in v["lines"].as_array().into_iter().flatten() {
                         println!("{}", l.as_str().unwrap_or("").trim_end());
@@ -186,7 +205,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{v}");
+                        println!("{}", envelope(&v));
                     } else {
                         println!(
                             "{} {} (exit code {})",
@@ -203,7 +222,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{v}");
+                        println!("{}", envelope(&v));
                     } else {
                         for id in v["purged"].as_array().into_iter().flatten() {
                             println!("{}", id.as_str().unwrap_or(""));
@@ -220,6 +239,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if json => fail_json(e),
         Err(e) => fail(e),
     }
 }
@@ -240,6 +260,7 @@ async fn events(
     }
     let mut ws = match client::websocket(socket, &path).await {
         Ok(ws) => ws,
+        Err(e) if json => return fail_json(e),
         Err(e) => return fail(e),
     };
     loop {
@@ -247,7 +268,8 @@ async fn events(
             m = ws.next() => match m {
                 Some(Ok(Message::Text(t))) => {
                     if json {
-                        println!("{t}");
+                        let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
+                        println!("{}", envelope(&v));
                     } else {
                         let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
                         let mut rest = v.as_object().cloned().unwrap_or_default();
