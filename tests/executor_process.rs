@@ -761,3 +761,43 @@ async fn the_daemon_kills_setsid_escapees_on_session_stop() {
         .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+/// `maxBytes: 0` reads no byte (issue 18, finding 9: it used to return
+/// one) and does not wait: it reports the cursors, whether bytes were
+/// ready (`truncated`) and the state; the next read still gets every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_byte_read_takes_nothing_and_does_not_wait() {
+    let rig = Rig::start(Options::default()).await;
+    rig.assign("s").await;
+    start(
+        &rig,
+        start_params("s", "p", &["sh", "-c", "printf hello; sleep 30"]),
+    )
+    .await;
+    // Wait until the bytes are there, without taking them.
+    let mut probe;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        probe = rig
+            .conn
+            .call::<_, ProcessReadResult>(
+                Method::ProcessRead,
+                &ProcessReadParams {
+                    max_bytes: Some(0),
+                    ..read_params("s", "p", Stream::Stdout, 0, 60_000)
+                },
+            )
+            .await
+            .expect("process.read maxBytes 0");
+        assert!(probe.data.as_slice().is_empty(), "no data: {probe:?}");
+        assert_eq!((probe.from_cursor, probe.next_cursor), (0, 0));
+        if probe.truncated {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "bytes never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!probe.eof);
+    let r = read(&rig, "s", "p", Stream::Stdout, 0, 0).await;
+    assert_eq!(r.data.as_slice(), b"hello");
+}

@@ -726,12 +726,17 @@ impl ProcessActor {
             Codec::Json => room / 4 * 3,
             Codec::MsgPack => room,
         };
-        let max = p
-            .max_bytes
-            .unwrap_or(u64::MAX)
-            .min(limits.process_read_bytes())
-            .min(frame_cap)
-            .max(1) as usize;
+        // `maxBytes: 0` asks for no data: the cursors, `truncated` (were
+        // bytes ready?) and the state, at once. Any other read takes at
+        // least one byte, whatever the caps.
+        let max = match p.max_bytes {
+            Some(0) => 0,
+            asked => asked
+                .unwrap_or(u64::MAX)
+                .min(limits.process_read_bytes())
+                .min(frame_cap)
+                .max(1) as usize,
+        };
         let status = state.status.subscribe();
         let slots = state.read_slots.clone();
         tokio::spawn(read_task(buf, status, slots, p, max, reply));
@@ -770,7 +775,8 @@ async fn read_task(
             };
             let (end, earliest) = (ring.end(), ring.earliest());
             let view = StreamView {
-                has_bytes: span.next > span.from,
+                // A zero-byte read never waits: its answer is ready now.
+                has_bytes: span.next > span.from || max == 0,
                 ended: snapshot.state.is_final(),
                 closed,
                 at_end: span.next == end,
