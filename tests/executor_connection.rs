@@ -144,13 +144,7 @@ fn backoff_delays_are_jittered() {
 async fn run_binary_against(close: CloseCode) -> (std::process::ExitStatus, usize) {
     let mut s = stand_in(Options::default()).await;
     let work = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
-        .args(["executor", "--url", &s.url, "--token", TOKEN, "--work-root"])
-        .arg(work.path())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = executor_command(&s.url, work.path()).spawn().unwrap();
     let mut conn = s.next_conn().await;
     conn.register(10_000, 30_000).await;
     conn.link.close(close, "test");
@@ -203,13 +197,7 @@ async fn http_401_exits_4() {
 async fn sigterm_closes_1000_and_exits_0() {
     let mut s = stand_in(Options::default()).await;
     let work = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
-        .args(["executor", "--url", &s.url, "--token", TOKEN, "--work-root"])
-        .arg(work.path())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = executor_command(&s.url, work.path()).spawn().unwrap();
     let mut conn = s.next_conn().await;
     conn.register(10_000, 30_000).await;
     let pid = child.id().unwrap() as i32;

@@ -690,13 +690,7 @@ async fn cwd_outside_the_workspace_and_denied_env_are_forbidden() {
 async fn the_daemon_kills_setsid_escapees_on_session_stop() {
     let mut s = stand_in(Options::default()).await;
     let work = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
-        .args(["executor", "--url", &s.url, "--token", TOKEN, "--work-root"])
-        .arg(work.path())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = executor_command(&s.url, work.path()).spawn().unwrap();
     let mut conn = s.next_conn().await;
     conn.register(10_000, 30_000).await;
     let (served, _e) = conn.serve();

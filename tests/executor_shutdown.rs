@@ -32,13 +32,7 @@ impl Drop for Sweep {
 async fn nothing_survives(signal: Signal, tag_base: u32) {
     let mut s = stand_in(Options::default()).await;
     let work = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"))
-        .args(["executor", "--url", &s.url, "--token", TOKEN, "--work-root"])
-        .arg(work.path())
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = executor_command(&s.url, work.path()).spawn().unwrap();
     let mut conn = s.next_conn().await;
     conn.register(10_000, 30_000).await;
     let (served, _events) = conn.serve();

@@ -8,3 +8,15 @@ pub mod peer;
 pub mod scale;
 pub mod turns;
 pub mod visor;
+
+/// `VmRSS` of `/proc/<pid>` (`"self"` for this process), in KiB.
+pub fn rss_kib(pid: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}

@@ -31,15 +31,7 @@ pub struct ScaleReport {
 
 /// Resident set size of this process.
 pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
+    super::rss_kib("self").map_or(0, |kib| kib * 1024)
 }
 
 async fn in_batches<F, Fut>(count: usize, batch: usize, f: F) -> Result<(), String>

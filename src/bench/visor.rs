@@ -198,12 +198,8 @@ impl Drop for Daemon {
 
 /// VmRSS of `pid`, in KiB.
 fn rss_kib(pid: u32) -> Result<f64, String> {
-    let status =
-        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    super::rss_kib(&pid.to_string())
+        .map(|kib| kib as f64)
         .ok_or_else(|| format!("no VmRSS for pid {pid}"))
 }
 

@@ -39,30 +39,48 @@ pub struct Beneath {
     workspace: PathBuf,
 }
 
-/// What a path turned out to be, from `fstat` on the opened descriptor.
+/// What a path is, without following a symlink: from `fstat` on an opened
+/// descriptor (never a symlink: every open here refuses one), or from a
+/// directory listing ([`super::walk`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     File,
     Dir,
+    Symlink,
     Other,
+}
+
+/// The kind of a `st_mode`.
+pub fn kind_of_mode(mode: u32) -> Kind {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFREG => Kind::File,
+        libc::S_IFLNK => Kind::Symlink,
+        _ => Kind::Other,
+    }
 }
 
 /// The kind of an open descriptor.
 pub fn kind_of(file: &File) -> io::Result<Kind> {
-    let meta = file.metadata()?;
-    Ok(if meta.is_file() {
-        Kind::File
-    } else if meta.is_dir() {
-        Kind::Dir
-    } else {
-        Kind::Other
-    })
+    use std::os::unix::fs::MetadataExt;
+    Ok(kind_of_mode(file.metadata()?.mode()))
 }
 
 /// Whether an error means "a symlink or an escape appeared on the way":
 /// the race this module exists for.
 pub fn is_swapped(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ELOOP) | Some(libc::EXDEV))
+}
+
+/// `resolved`'s parent directory and its name in it.
+fn split(resolved: &Path) -> io::Result<(&Path, &OsStr)> {
+    let parent = resolved
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
+    let name = resolved
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    Ok((parent, name))
 }
 
 pub(super) fn cstr(name: &OsStr) -> io::Result<CString> {
@@ -265,12 +283,7 @@ impl Beneath {
     /// making missing parent directories beneath the handle; a symlink at
     /// the name is refused (`O_NOFOLLOW`), never followed.
     pub fn create(&self, resolved: &Path) -> io::Result<File> {
-        let parent = resolved
-            .parent()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
-        let name = resolved
-            .file_name()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+        let (parent, name) = split(resolved)?;
         let dir = self.make_dirs(parent)?;
         let fd = openat(
             &dir,
@@ -285,12 +298,7 @@ impl Beneath {
     /// directories. Returns whether a file was there before. A directory
     /// at `resolved` is `EISDIR`.
     pub fn write_atomic(&self, resolved: &Path, content: &[u8]) -> io::Result<bool> {
-        let parent = resolved
-            .parent()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no parent"))?;
-        let name = resolved
-            .file_name()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+        let (parent, name) = split(resolved)?;
         let dir = self.make_dirs(parent)?;
         let cname = cstr(name)?;
         let existing = Self::stat_in(&dir, &cname);

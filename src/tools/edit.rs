@@ -87,7 +87,7 @@ fn edit_file(workspace: &Path, input: &EditInput) -> ToolOutput {
             return ToolOutput::failure(reason::IS_DIRECTORY, format!("`{shown}` is a directory"))
         }
         // FIFOs and devices would block or never end.
-        Ok(Kind::Other) => {
+        Ok(Kind::Other | Kind::Symlink) => {
             return ToolOutput::failure(
                 reason::IO_ERROR,
                 format!("`{shown}` is not a regular file"),

@@ -1,6 +1,6 @@
 //! `grep`: lines matching a regular expression, as `path:line:text`.
 //!
-//! The walk is [`walk::Walk`] (honours `.gitignore`, never follows
+//! The walk is [`super::walk::Walk`] (honours `.gitignore`, never follows
 //! symlinks, lists directories through descriptors beneath the workspace); symlinked files are skipped rather than opened, since opening
 //! follows the link. Binary files (a NUL in the first 8 KiB) are skipped like
 //! ripgrep does. Matching is on bytes so files that are not valid UTF-8 are
@@ -19,7 +19,7 @@ use super::beneath::{self, Beneath, Kind};
 use super::glob::{relative_to_base, resolve_base, PathPattern};
 use super::output::HeadTail;
 use super::read::{io_failure, sniff};
-use super::walk::{self, Walk};
+use super::walk::Walk;
 use super::{boundary, parse_input, run_blocking, Tool, ToolContext, ToolOutput};
 
 /// Longest line text shown per match; minified files have megabyte lines.
@@ -148,7 +148,7 @@ fn grep_files(
         if cancel.is_cancelled() {
             return ToolOutput::canceled("canceled");
         }
-        if entry.kind != walk::Kind::File {
+        if entry.kind != Kind::File {
             continue;
         }
         let path = entry.path.as_path();

@@ -116,7 +116,7 @@ fn read_file(
             )
         }
         // FIFOs and devices would block or never end.
-        Ok(Kind::Other) => {
+        Ok(Kind::Other | Kind::Symlink) => {
             return ToolOutput::failure(
                 reason::IO_ERROR,
                 format!("`{shown}` is not a regular file"),

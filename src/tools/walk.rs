@@ -33,7 +33,8 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 use nix::dir::{Dir, Type};
 
-use super::beneath::{self, Beneath};
+pub use super::beneath::Kind;
+use super::beneath::{self, kind_of_mode, Beneath};
 
 /// Directories open at once, deepest first: a deeper tree is not entered
 /// (its directory is still reported). Linux's `PATH_MAX` allows ~2 000
@@ -43,15 +44,6 @@ pub const MAX_DEPTH: usize = 256;
 
 /// Largest `.gitignore` we parse; bigger ones are not hand-written rules.
 const MAX_GITIGNORE_BYTES: u64 = 1 << 20;
-
-/// What an entry is, without following a symlink.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Dir,
-    File,
-    Symlink,
-    Other,
-}
 
 /// One entry of the walk.
 #[derive(Debug)]
@@ -155,7 +147,7 @@ impl Walk {
     fn load_gitignore(&self, dir: &Path) -> Option<Gitignore> {
         let path = dir.join(".gitignore");
         let file = self.beneath.open_read(&path).ok()?;
-        if beneath::kind_of(&file).ok()? != beneath::Kind::File {
+        if beneath::kind_of(&file).ok()? != Kind::File {
             return None;
         }
         let mut bytes = Vec::new();
@@ -237,15 +229,6 @@ impl Iterator for Walk {
                 name,
             });
         }
-    }
-}
-
-fn kind_of_mode(mode: libc::mode_t) -> Kind {
-    match mode & libc::S_IFMT {
-        libc::S_IFDIR => Kind::Dir,
-        libc::S_IFREG => Kind::File,
-        libc::S_IFLNK => Kind::Symlink,
-        _ => Kind::Other,
     }
 }
 

@@ -17,6 +17,18 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 pub const TOKEN: &str = "test-token";
+
+/// `bmx executor` (the real binary) for the stand-in at `url`, with its
+/// token, working in `work`, logging at warn, killed on drop: add to it,
+/// then `spawn`.
+pub fn executor_command(url: &str, work: &std::path::Path) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_bmx"));
+    c.args(["executor", "--url", url, "--token", TOKEN, "--work-root"])
+        .arg(work)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    c
+}
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// One frame the stand-in received.

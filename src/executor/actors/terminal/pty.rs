@@ -122,30 +122,29 @@ impl Output {
         self.paced_moved.notify_waiters();
     }
 
-    /// Whether a paced reader (not left behind) is more than half the
+    /// Whether a reader that wants `next` is more than half the
     /// scrollback behind.
+    fn lagging(&self, next: u64) -> bool {
+        self.with(|sb| sb.bytes_from(next) > sb.max_bytes() / 2)
+    }
+
+    /// Whether a paced reader (not left behind) is lagging.
     fn overrun(&self) -> bool {
         let paced = self.paced.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(slowest) = paced
+        let slowest = paced
             .values()
             .filter(|(_, behind)| !behind)
             .map(|(n, _)| *n)
-            .min()
-        else {
-            return false;
-        };
+            .min();
         drop(paced);
-        self.with(|sb| sb.bytes_from(slowest) > sb.max_bytes() / 2)
+        slowest.is_some_and(|n| self.lagging(n))
     }
 
-    /// Mark every paced reader still overrun as left behind.
+    /// Mark every paced reader still lagging as left behind.
     fn leave_behind(&self) {
         let mut paced = self.paced.lock().unwrap_or_else(|p| p.into_inner());
-        let half = self.with(|sb| sb.max_bytes() / 2);
         for (next, behind) in paced.values_mut() {
-            if !*behind && self.with(|sb| sb.bytes_from(*next)) > half {
-                *behind = true;
-            }
+            *behind = *behind || self.lagging(*next);
         }
     }
 
