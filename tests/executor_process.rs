@@ -795,3 +795,81 @@ async fn a_zero_byte_read_takes_nothing_and_does_not_wait() {
     let r = read(&rig, "s", "p", Stream::Stdout, 0, 0).await;
     assert_eq!(r.data.as_slice(), b"hello");
 }
+
+/// 5 MB of numbered lines, the reader asleep while they are written: with
+/// `outputPolicy: "lossless"` the 1 MiB ring holds the producer back
+/// instead of dropping, so every byte arrives, in order, with no gap. The
+/// same run with the default policy is the control: it loses the head.
+#[tokio::test]
+async fn lossless_output_holds_the_producer_back_and_loses_no_byte() {
+    let rig = Rig::start(Options::default()).await;
+    rig.assign("s").await;
+    let argv = ["seq", "-f", "%09g", "0", "499999"];
+    let expected: Vec<u8> = (0..500_000)
+        .flat_map(|i| format!("{i:09}\n").into_bytes())
+        .collect();
+    for policy in [OutputPolicy::Lossless, OutputPolicy::Ring] {
+        let id = format!("{policy:?}");
+        let p = ProcessStartParams {
+            output_policy: policy,
+            // The control waits for the end: by then its ring has lapped.
+            wait_ms: (policy == OutputPolicy::Ring).then_some(60_000),
+            ..start_params("s", &id, &argv)
+        };
+        start(&rig, p.clone()).await;
+        // Let the producer run into the full ring before anyone reads.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        // Starting it again answers its current state.
+        let st = start(&rig, p).await;
+        match policy {
+            OutputPolicy::Lossless => {
+                // Held back: the ring (1 MiB) is all it could write.
+                assert!(st.cursors.stdout <= 1 << 20, "{st:?}");
+                assert_eq!(st.state, ProcState::Running, "blocked, not ended");
+                let all = read_all(&rig, "s", &id, Stream::Stdout).await;
+                assert_eq!(all.len(), expected.len());
+                assert!(all == expected, "every byte, in order");
+            }
+            OutputPolicy::Ring => {
+                let r = read(&rig, "s", &id, Stream::Stdout, 0, 60_000).await;
+                assert!(r.gap, "the control run drops its head");
+            }
+        }
+    }
+    rig.shutdown().await;
+}
+
+/// A lossless process nobody reads is blocked on its pipe, and its pump on
+/// the reader: stopping the session must still end both, leaving nothing.
+#[tokio::test]
+async fn a_blocked_lossless_process_ends_with_its_session() {
+    let rig = Rig::start(Options::default()).await;
+    rig.assign("s").await;
+    let tag = format!("lossless-{}", std::process::id());
+    let p = ProcessStartParams {
+        output_policy: OutputPolicy::Lossless,
+        ..start_params(
+            "s",
+            "yes",
+            &["bash", "-c", &format!("exec -a {tag} yes {tag}")],
+        )
+    };
+    start(&rig, p).await;
+    eventually("the producer runs", || !pids_with_arg(&tag).is_empty()).await;
+    let r: StopResult = rig
+        .conn
+        .call(
+            Method::SessionStop,
+            &StopParams {
+                session_id: "s".into(),
+                reason: "done".into(),
+                deadline_ms: Some(1_000),
+                keep_workspace: false,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(r.stopped);
+    assert!(pids_with_arg(&tag).is_empty(), "no process left");
+    rig.shutdown().await;
+}

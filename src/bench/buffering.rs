@@ -7,8 +7,15 @@
 //!   buffer: the baseline;
 //! * `ring_ingest`: through the process actor into its ring, nobody reading;
 //! * `e2e_<codec>`: read over a loopback WebSocket with `process.read`
-//!   long-polls of 1 MiB through the real executor; the ring is as large as
-//!   the output so any shortfall would show as a gap (which fails the run);
+//!   long-polls of 1 MiB through the real executor, the process started
+//!   with `outputPolicy: "lossless"` and an 8 MiB ring (`--window`): the
+//!   producer is held back by the reader, as a pipe would hold it back,
+//!   and any lost byte would show as a gap (which fails the run);
+//! * `e2e_<codec>_big_ring`: the same reads of a process with the default
+//!   policy (`ring`) and a ring as large as the whole output, so the reader
+//!   never falls a ring behind: what a client without `lossless` must do to
+//!   see every byte. Every byte lands in fresh memory the kernel zeroes
+//!   first, which is most of the difference to `e2e_<codec>`;
 //! * `pty`: through `ioMode: "pty"` into the ring, against the same producer
 //!   under `script -qc` read from a pipe (`pty_script`).
 
@@ -30,6 +37,8 @@ pub struct BufferingOptions {
     pub runs: usize,
     pub pty_bytes: u64,
     pub codecs: Vec<Codec>,
+    /// Ring bytes of the lossless e2e rows (8 MiB).
+    pub window: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -39,6 +48,10 @@ pub struct Ratios {
     pub e2e_json: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_msgpack: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_json_big_ring: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_msgpack_big_ring: Option<f64>,
     pub pty: f64,
 }
 
@@ -53,6 +66,10 @@ pub struct BufferingReport {
     pub e2e_json_mbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_msgpack_mbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_json_big_ring_mbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_msgpack_big_ring_mbps: Option<f64>,
     pub pty_mbps: f64,
     pub pty_script_mbps: f64,
     pub ratios: Ratios,
@@ -172,6 +189,7 @@ fn start(argv: Vec<String>, io_mode: IoMode, wait_ms: Option<u64>) -> ProcessSta
         metadata: None,
         cols: None,
         rows: None,
+        output_policy: Default::default(),
     }
 }
 
@@ -213,15 +231,38 @@ async fn ingest(bytes: u64, io_mode: IoMode) -> Result<(u64, Duration), String> 
     Ok((st.cursors.stdout, took))
 }
 
-/// Over the wire with long-poll reads of 1 MiB.
-async fn e2e(bytes: u64, codec: Codec, read_bytes: u64) -> Result<(u64, Duration), String> {
+/// How an e2e row keeps every byte.
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    /// `outputPolicy: "lossless"` with a ring of this many bytes.
+    Lossless(usize),
+    /// The default policy, with a ring as large as the output.
+    BigRing,
+}
+
+/// Over the wire with long-poll reads of `read_bytes`.
+async fn e2e(
+    bytes: u64,
+    codec: Codec,
+    read_bytes: u64,
+    keep: Keep,
+) -> Result<(u64, Duration), String> {
     let protocol = Subprotocol {
         version: Version::V1_1,
         codec,
     };
-    let ring = usize::try_from(bytes).unwrap_or(usize::MAX).max(1 << 20);
+    let (ring, policy) = match keep {
+        Keep::Lossless(window) => (window.max(1 << 20), OutputPolicy::Lossless),
+        Keep::BigRing => (
+            usize::try_from(bytes).unwrap_or(usize::MAX).max(1 << 20),
+            OutputPolicy::Ring,
+        ),
+    };
     let rig = rig(protocol, ring).await?;
-    let p = start(producer(bytes)?, IoMode::Pipe, None);
+    let p = ProcessStartParams {
+        output_policy: policy,
+        ..start(producer(bytes)?, IoMode::Pipe, None)
+    };
     let started = Instant::now();
     let _: ProcessState = rig
         .link
@@ -296,14 +337,19 @@ pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
         ..Default::default()
     };
     for &codec in &opts.codecs {
-        let what = format!("e2e {codec:?}");
-        let v = median(runs, opts.bytes, &what, || {
-            e2e(opts.bytes, codec, opts.read_bytes)
-        })
-        .await?;
-        match codec {
-            Codec::Json => report.e2e_json_mbps = Some(v),
-            Codec::MsgPack => report.e2e_msgpack_mbps = Some(v),
+        for keep in [Keep::Lossless(opts.window), Keep::BigRing] {
+            let what = format!("e2e {codec:?} {keep:?}");
+            let v = median(runs, opts.bytes, &what, || {
+                e2e(opts.bytes, codec, opts.read_bytes, keep)
+            })
+            .await?;
+            let slot = match (codec, keep) {
+                (Codec::Json, Keep::Lossless(_)) => &mut report.e2e_json_mbps,
+                (Codec::MsgPack, Keep::Lossless(_)) => &mut report.e2e_msgpack_mbps,
+                (Codec::Json, Keep::BigRing) => &mut report.e2e_json_big_ring_mbps,
+                (Codec::MsgPack, Keep::BigRing) => &mut report.e2e_msgpack_big_ring_mbps,
+            };
+            *slot = Some(v);
         }
     }
     let (n, took) = ingest(opts.pty_bytes, IoMode::Pty).await?;
@@ -321,6 +367,8 @@ pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
         ring_ingest: report.ring_ingest_mbps / raw_pipe_mbps,
         e2e_json: report.e2e_json_mbps.map(|v| v / raw_pipe_mbps),
         e2e_msgpack: report.e2e_msgpack_mbps.map(|v| v / raw_pipe_mbps),
+        e2e_json_big_ring: report.e2e_json_big_ring_mbps.map(|v| v / raw_pipe_mbps),
+        e2e_msgpack_big_ring: report.e2e_msgpack_big_ring_mbps.map(|v| v / raw_pipe_mbps),
         pty: report.pty_mbps / report.pty_script_mbps.max(1e-9),
     };
     Ok(report)
@@ -330,14 +378,14 @@ impl BufferingReport {
     /// The human-readable table.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "bmx bench buffering: {} bytes ({} through the PTY), median of {} runs\n{:<14} {:>12} {:>10}\n",
+            "bmx bench buffering: {} bytes ({} through the PTY), median of {} runs\n{:<20} {:>12} {:>10}\n",
             self.bytes, self.pty_bytes, self.runs, "path", "MB/s", "ratio"
         );
         let mut row = |name: &str, v: f64, ratio: Option<f64>, against: &str| {
             let r = ratio
                 .map(|r| format!("{r:.2}"))
                 .unwrap_or_else(|| "1.00".into());
-            out.push_str(&format!("{name:<14} {v:>12.1} {r:>10}  {against}\n"));
+            out.push_str(&format!("{name:<20} {v:>12.1} {r:>10}  {against}\n"));
         };
         row("raw_pipe", self.raw_pipe_mbps, None, "baseline");
         row(
@@ -351,6 +399,22 @@ impl BufferingReport {
         }
         if let Some(v) = self.e2e_msgpack_mbps {
             row("e2e_msgpack", v, self.ratios.e2e_msgpack, "of raw_pipe");
+        }
+        if let Some(v) = self.e2e_json_big_ring_mbps {
+            row(
+                "e2e_json_big_ring",
+                v,
+                self.ratios.e2e_json_big_ring,
+                "of raw_pipe",
+            );
+        }
+        if let Some(v) = self.e2e_msgpack_big_ring_mbps {
+            row(
+                "e2e_msgpack_big_ring",
+                v,
+                self.ratios.e2e_msgpack_big_ring,
+                "of raw_pipe",
+            );
         }
         row("pty_script", self.pty_script_mbps, None, "PTY baseline");
         row("pty", self.pty_mbps, Some(self.ratios.pty), "of pty_script");

@@ -136,6 +136,7 @@ async fn measure(
                 metadata: None,
                 cols: None,
                 rows: None,
+                output_policy: Default::default(),
             };
             let st: ProcessState = req(&link, Method::ProcessStart, &p).await?;
             match st.state {

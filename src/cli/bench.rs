@@ -27,6 +27,9 @@ pub enum BenchCommand {
         /// maxBytes of each process.read in the e2e rows.
         #[arg(long, default_value_t = 1 << 20)]
         read_bytes: u64,
+        /// Ring bytes of the lossless e2e rows (their flow-control window).
+        #[arg(long, default_value_t = 8 << 20)]
+        window: usize,
         /// Runs per row (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
@@ -144,6 +147,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             pty_bytes,
             codec,
             read_bytes,
+            window,
             runs,
             json,
         } => {
@@ -158,6 +162,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 runs,
                 pty_bytes: pty_bytes.min(bytes),
                 codecs,
+                window,
             };
             report("buffering", json, buffering::run(&opts).await, |r| {
                 r.table()

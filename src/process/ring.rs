@@ -223,6 +223,19 @@ impl OutputRing {
         self.end
     }
 
+    /// How many bytes can be written without dropping any byte at or after
+    /// cursor `keep`: what a lossless stream (`outputPolicy: "lossless"`)
+    /// may take from its pipe while the bytes from `keep` on are unread.
+    /// A `keep` at or past the end frees the whole capacity; a `keep`
+    /// already dropped (older than `capacity` bytes before the end) frees
+    /// nothing.
+    pub fn room_keeping(&self, keep: u64) -> usize {
+        let unread = self.end.saturating_sub(keep);
+        usize::try_from(unread)
+            .map(|u| self.cap.saturating_sub(u))
+            .unwrap_or(0)
+    }
+
     /// Bytes currently held (`min(end, capacity)`).
     pub fn len(&self) -> usize {
         self.len
@@ -694,6 +707,51 @@ mod tests {
                 let (_, all) = read_all(&r, r.earliest());
                 prop_assert_eq!(&all[..], &model[r.earliest() as usize..]);
             }
+        }
+
+        /// The lossless discipline: a writer that never takes more than
+        /// `room_keeping(read)` and a reader at `read` see every byte, in
+        /// order, never a gap, whatever the capacity, chunk sizes and
+        /// interleaving.
+        #[test]
+        fn writing_only_the_room_keeping_the_reader_loses_nothing(
+            cap in 1usize..40,
+            steps in prop::collection::vec((any::<bool>(), 0usize..50), 0..120),
+        ) {
+            let mut r = OutputRing::new(cap);
+            let (mut written, mut seen) = (Vec::<u8>::new(), Vec::<u8>::new());
+            let mut read = 0u64;
+            let mut counter = 0u8;
+            for (write, n) in steps {
+                if write {
+                    let room = r.room_keeping(read);
+                    prop_assert!(room <= cap);
+                    let s = r.write_slot(n.min(room));
+                    let k = s.len();
+                    for b in s.iter_mut() {
+                        counter = counter.wrapping_add(1);
+                        *b = counter;
+                        written.push(counter);
+                    }
+                    r.commit(k);
+                } else {
+                    let span = r.read_into(read, n, &mut seen).unwrap();
+                    prop_assert!(!span.gap);
+                    read = span.next;
+                }
+                prop_assert!(r.end() - read <= cap as u64);
+            }
+            let span = r.read_into(read, usize::MAX, &mut seen).unwrap();
+            prop_assert!(!span.gap);
+            prop_assert_eq!(seen, written);
+        }
+
+        #[test]
+        fn room_keeping_is_what_is_left_of_the_capacity(cap in 1usize..40, n in 0usize..100, keep in 0u64..120) {
+            let mut r = OutputRing::new(cap);
+            r.write(&vec![7; n]);
+            let unread = (n as u64).saturating_sub(keep);
+            prop_assert_eq!(r.room_keeping(keep) as u64, (cap as u64).saturating_sub(unread));
         }
     }
 }

@@ -436,6 +436,7 @@ pub fn start_params(session_id: &str, process_id: &str, argv: &[&str]) -> Proces
         metadata: None,
         cols: None,
         rows: None,
+        output_policy: Default::default(),
     }
 }
 

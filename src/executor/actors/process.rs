@@ -24,9 +24,9 @@ use crate::process::lifecycle::{
 use crate::process::ring::OutputRing;
 use crate::process::{exits, sys};
 use crate::wire::types::{
-    now_rfc3339, Accepted, Cursors, IoMode, ProcState, ProcessReadParams, ProcessReadResult,
-    ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams, StderrMode,
-    StdinMode, Stream,
+    now_rfc3339, Accepted, Cursors, IoMode, OutputPolicy, ProcState, ProcessReadParams,
+    ProcessReadResult, ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams,
+    StderrMode, StdinMode, Stream,
 };
 use crate::wire::{BlobRef, Codec, Method, Responder, RpcError};
 use bytes::Bytes;
@@ -36,10 +36,10 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, Semaphore};
 use tokio::time::Instant;
 
 /// Bytes one pump read asks for.
@@ -96,19 +96,40 @@ impl ProcessMsg {
 }
 
 /// One output stream: the ring, the end cursor as a watch (readers wait on
-/// it), and whether the pipe reached EOF.
+/// it), whether the pipe reached EOF, and, for `outputPolicy: "lossless"`,
+/// its backpressure.
 pub struct StreamBuf {
     ring: Mutex<OutputRing>,
     end: watch::Sender<u64>,
     closed: AtomicBool,
+    flow: Option<Flow>,
+}
+
+/// Backpressure of a lossless stream. A `process.read` at cursor `c` says
+/// the reader holds every byte before `c`: the pump may then drop those,
+/// and no other. The acknowledgement is the *request's* cursor, not the
+/// answer's end, so an answer lost with its connection is read again, whole,
+/// after the resume.
+struct Flow {
+    /// The furthest cursor a read has asked for.
+    acked: AtomicU64,
+    /// Wakes the pump when `acked` moves or the stream is stopped.
+    more: Notify,
+    /// The process actor stopped: a pump waiting for room gives up.
+    stopped: AtomicBool,
 }
 
 impl StreamBuf {
-    fn new(capacity: usize) -> Arc<Self> {
+    fn new(capacity: usize, policy: OutputPolicy) -> Arc<Self> {
         Arc::new(StreamBuf {
             ring: Mutex::new(OutputRing::new(capacity)),
             end: watch::channel(0).0,
             closed: AtomicBool::new(false),
+            flow: (policy == OutputPolicy::Lossless).then(|| Flow {
+                acked: AtomicU64::new(0),
+                more: Notify::new(),
+                stopped: AtomicBool::new(false),
+            }),
         })
     }
 
@@ -119,6 +140,35 @@ impl StreamBuf {
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.end.send_modify(|_| {});
+    }
+
+    /// How much the pump may read into `ring` now.
+    fn room(&self, ring: &OutputRing) -> usize {
+        match &self.flow {
+            None => READ_CHUNK,
+            Some(f) => ring
+                .room_keeping(f.acked.load(Ordering::SeqCst))
+                .min(READ_CHUNK),
+        }
+    }
+
+    /// A read asked for `cursor` (valid: at most the end): the bytes before
+    /// it may be dropped.
+    fn ack(&self, cursor: u64) {
+        if let Some(f) = &self.flow {
+            if f.acked.fetch_max(cursor, Ordering::SeqCst) < cursor {
+                f.more.notify_one();
+            }
+        }
+    }
+
+    /// The process actor is gone: nobody will read again, so a pump
+    /// waiting for room must not wait forever.
+    fn stop(&self) {
+        if let Some(f) = &self.flow {
+            f.stopped.store(true, Ordering::SeqCst);
+            f.more.notify_one();
+        }
     }
 }
 
@@ -137,29 +187,57 @@ pub async fn pump(fd: OwnedFd, buf: Arc<StreamBuf>) {
             Ok(g) => g,
             Err(_) => break,
         };
-        let result = {
+        let step = {
             let Ok(mut ring) = buf.ring.lock() else { break };
-            let slot = ring.write_slot(READ_CHUNK);
-            match nix::unistd::read(afd.get_ref().as_fd(), slot) {
-                Ok(0) => Err(None),
-                Ok(n) => {
-                    ring.commit(n);
-                    Ok(ring.end())
+            let room = buf.room(&ring);
+            if room == 0 {
+                Step::Full
+            } else {
+                let slot = ring.write_slot(room);
+                match nix::unistd::read(afd.get_ref().as_fd(), slot) {
+                    Ok(0) => Step::Eof,
+                    Ok(n) => {
+                        ring.commit(n);
+                        Step::Read(ring.end())
+                    }
+                    Err(nix::errno::Errno::EAGAIN) => Step::Drained,
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => Step::Eof,
                 }
-                Err(nix::errno::Errno::EAGAIN) => Err(Some(())),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => Err(None),
             }
         };
-        match result {
-            Ok(end) => {
+        match step {
+            Step::Read(end) => {
                 buf.end.send_replace(end);
             }
-            Err(Some(())) => guard.clear_ready(),
-            Err(None) => break,
+            Step::Drained => guard.clear_ready(),
+            Step::Full => {
+                // Lossless and every held byte unread: leave the bytes in
+                // the pipe (the process blocks on its next write) until a
+                // read acknowledges some.
+                drop(guard);
+                let Some(flow) = &buf.flow else { break };
+                if flow.stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                flow.more.notified().await;
+            }
+            Step::Eof => break,
         }
     }
     buf.close();
+}
+
+/// What one turn of [`pump`] did.
+enum Step {
+    /// Bytes went into the ring; the new end.
+    Read(u64),
+    /// The pipe is empty for now.
+    Drained,
+    /// A lossless ring holds only unread bytes.
+    Full,
+    /// EOF, or the pipe failed.
+    Eof,
 }
 
 enum StdinOp {
@@ -520,8 +598,8 @@ impl Actor for ProcessActor {
     ) -> Result<ProcessData, ActorProcessingErr> {
         let capacity = args.shared.config.process_buffer_bytes;
         let mut state = ProcessData {
-            stdout: StreamBuf::new(capacity),
-            stderr: StreamBuf::new(capacity),
+            stdout: StreamBuf::new(capacity, args.spec.output_policy),
+            stderr: StreamBuf::new(capacity, args.spec.output_policy),
             status: watch::channel(Status {
                 state: ProcState::Running,
                 exit_code: None,
@@ -610,6 +688,8 @@ impl Actor for ProcessActor {
         _myself: ActorRef<ProcessMsg>,
         state: &mut ProcessData,
     ) -> Result<(), ActorProcessingErr> {
+        state.stdout.stop();
+        state.stderr.stop();
         if state.running() {
             let (pid, scope) = (state.pgid(), state.scope.clone());
             let _ = tokio::task::spawn_blocking(move || sys::kill_tree(pid, pid, &scope)).await;
@@ -773,6 +853,7 @@ async fn read_task(
                 Ok(s) => s,
                 Err(e) => return reply.err(RpcError::invalid_params(e.to_string())),
             };
+            buf.ack(p.cursor);
             let (end, earliest) = (ring.end(), ring.earliest());
             let view = StreamView {
                 // A zero-byte read never waits: its answer is ready now.

@@ -100,6 +100,7 @@ pub fn process_params(process_id: impl Into<String>, argv: Vec<String>) -> Proce
         metadata: None,
         cols: None,
         rows: None,
+        output_policy: Default::default(),
     }
 }
 

@@ -19,6 +19,16 @@ wire_enum! {
     pub enum IoMode { #[default] Pipe, Pty }
 }
 
+wire_enum! {
+    /// What a stream's ring does when it is full (bmx extension,
+    /// docs/protocol.md): `ring` drops the oldest bytes (PROTOCOL.md's
+    /// rule, the default); `lossless` stops reading the pipe until a
+    /// `process.read` has returned them, so the process blocks on its
+    /// writes the way it would on a full pipe and no byte is ever dropped.
+    #[derive(Default)]
+    pub enum OutputPolicy { #[default] Ring, Lossless }
+}
+
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {
     *v == T::default()
 }
@@ -50,6 +60,9 @@ wire_struct! {
         pub cols: Option<u16>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub rows: Option<u16>,
+        /// `ring` (default) or `lossless` (bmx extension).
+        #[serde(default, skip_serializing_if = "is_default")]
+        pub output_policy: OutputPolicy,
     }
 }
 
