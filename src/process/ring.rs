@@ -18,9 +18,9 @@
 //! front of the buffer and growing is a plain `Vec` resize; wrapping only
 //! starts once the buffer has reached `capacity`.
 //!
-//! Rings of at least [`MAPPED_MIN`] bytes skip the doubling: they reserve
-//! their whole capacity as one lazily committed mapping (see
-//! [`super::region`] for why and the figures).
+//! Rings of at least [`MAPPED_MIN`] bytes skip the doubling: at their first
+//! byte they reserve their whole capacity as one lazily committed mapping
+//! (see [`super::region`] for why and the figures).
 //!
 //! # Panics
 //!
@@ -100,12 +100,11 @@ enum Storage {
 }
 
 impl Storage {
-    fn new(capacity: usize) -> Storage {
-        if capacity >= MAPPED_MIN {
-            if let Some(r) = Region::new(capacity) {
-                return Storage::Mapped(r);
-            }
-        }
+    /// Nothing yet: even a mapped ring takes its mapping only when its
+    /// first byte arrives. A stream that never prints (most stderrs) then
+    /// never holds a mapping, and never takes a recycled one from the pool
+    /// that a busy stream could have reused warm.
+    fn new() -> Storage {
         Storage::Heap(Vec::new())
     }
 
@@ -116,10 +115,18 @@ impl Storage {
         }
     }
 
-    /// Grows a heap buffer to exactly `size` bytes; a mapping already spans
-    /// the capacity.
-    fn grow_to(&mut self, size: usize) {
+    /// Grows to at least `size` bytes of a ring of capacity `cap`: a heap
+    /// buffer to exactly `size`; an empty buffer of a ring of at least
+    /// [`MAPPED_MIN`] becomes a mapping of the whole capacity (the heap is
+    /// the fallback if the kernel refuses); a mapping already spans it.
+    fn grow_to(&mut self, size: usize, cap: usize) {
         if let Storage::Heap(v) = self {
+            if v.is_empty() && cap >= MAPPED_MIN {
+                if let Some(r) = Region::new(cap) {
+                    *self = Storage::Mapped(r);
+                    return;
+                }
+            }
             if size > v.len() {
                 // Exact reservation: `Vec`'s own amortized growth could
                 // allocate up to twice `capacity`.
@@ -191,7 +198,7 @@ impl OutputRing {
     pub fn new(capacity: usize) -> Self {
         let cap = capacity.max(1);
         Self {
-            buf: Storage::new(cap),
+            buf: Storage::new(),
             cap,
             head: 0,
             len: 0,
@@ -207,8 +214,8 @@ impl OutputRing {
 
     /// Bytes of buffer currently allocated (grows lazily up to `capacity`);
     /// useful for memory accounting. A mapped ring (capacity at least
-    /// [`MAPPED_MIN`]) reports its whole reservation: the kernel commits its
-    /// pages only as they are written.
+    /// [`MAPPED_MIN`], once written to) reports its whole reservation: the
+    /// kernel commits its pages only as they are written.
     pub fn allocated(&self) -> usize {
         self.buf.len()
     }
@@ -385,7 +392,7 @@ impl OutputRing {
     /// Grows the buffer to exactly `size` bytes (no-op if already there).
     /// Only called while `head == 0`, so the data stays in place.
     fn grow_to(&mut self, size: usize) {
-        self.buf.grow_to(size);
+        self.buf.grow_to(size, self.cap);
     }
 
     /// Accounts for `n` bytes just stored after the current data, dropping
@@ -574,9 +581,15 @@ mod tests {
     fn a_mapped_ring_wraps_like_a_heap_ring() {
         let cap = MAPPED_MIN + 3;
         let mut mapped = OutputRing::new(cap);
+        assert_eq!(mapped.allocated(), 0, "mapped at the first byte only");
+        mapped.write(b"");
+        assert_eq!(mapped.allocated(), 0);
+        let _ = mapped.write_slot(1);
         assert!(matches!(mapped.buf, Storage::Mapped(_)));
+        mapped.commit(0);
+        // A non-empty heap buffer stays on the heap whatever the capacity.
         let mut heap = OutputRing {
-            buf: Storage::Heap(Vec::new()),
+            buf: Storage::Heap(vec![0]),
             ..OutputRing::new(1)
         };
         heap.cap = cap;
