@@ -146,15 +146,8 @@ async fn a_session_process_reaches_the_platforms_service_through_executor_and_ha
     let register = |sid: &str, key: &str, url: String| {
         let client = &client;
         let path = format!("/v1/sessions/{sid}/mcp-services");
-        async move {
-            client
-                .post(
-                    &path,
-                    &json!({"serverKey": key, "url": url, "timeoutMs": 20_000}),
-                )
-                .await
-                .unwrap()
-        }
+        let body = json!({"serverKey": key, "url": url, "timeoutMs": 20_000});
+        async move { client.post(&path, &body).await.unwrap() }
     };
     let (status, _) = register("nope", "tools-1", format!("http://127.0.0.1:{port}/mcp")).await;
     assert_eq!(status, 404);

@@ -360,8 +360,9 @@ pub async fn open(
     }
 }
 
-/// An `mcp.frame` from the executor for a `service` server: `false` if no
-/// service actor is there (the caller tries the `environment` channels).
+/// An `mcp.frame` from the executor for a `service` server; handed back
+/// when no service actor is there (the caller tries the `environment`
+/// channels).
 pub fn frame(
     shared: &Shared,
     link: &Link,
