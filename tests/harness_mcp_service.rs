@@ -226,14 +226,12 @@ async fn a_session_process_reaches_the_platforms_service_through_executor_and_ha
 
     // Bounds of the local endpoint: not a JSON-RPC message, too large,
     // GET (no server stream).
-    let script = format!(
-        "curl -sS -o /dev/null -w '%{{http_code}}\\n' -X POST -H 'content-type: application/json' --data 'nonsense' \"$BMX_MCP_TOOLS_1_URL\"\n\
+    let script = "curl -sS -o /dev/null -w '%{http_code}\\n' -X POST -H 'content-type: application/json' --data 'nonsense' \"$BMX_MCP_TOOLS_1_URL\"\n\
          head -c 3000000 /dev/zero | tr '\\0' 'x' > big.txt\n\
-         curl -sS -o /dev/null -w '%{{http_code}}\\n' -X POST -H 'content-type: application/json' --data-binary @big.txt \"$BMX_MCP_TOOLS_1_URL\"\n\
-         curl -sS -o /dev/null -w '%{{http_code}}\\n' \"$BMX_MCP_TOOLS_1_URL\"\n\
-         curl -sS -o /dev/null -w '%{{http_code}}\\n' \"${{BMX_MCP_TOOLS_1_URL%/*/mcp}}/guess/mcp\"\n"
-    );
-    let out = run(&client, sid, "bounds", &script).await;
+         curl -sS -o /dev/null -w '%{http_code}\\n' -X POST -H 'content-type: application/json' --data-binary @big.txt \"$BMX_MCP_TOOLS_1_URL\"\n\
+         curl -sS -o /dev/null -w '%{http_code}\\n' \"$BMX_MCP_TOOLS_1_URL\"\n\
+         curl -sS -o /dev/null -w '%{http_code}\\n' \"${BMX_MCP_TOOLS_1_URL%/*/mcp}/guess/mcp\"\n";
+    let out = run(&client, sid, "bounds", script).await;
     let codes: Vec<&str> = out.lines().collect();
     assert_eq!(codes, ["400", "413", "405", "404"], "{out}");
 
