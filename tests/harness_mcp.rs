@@ -700,6 +700,19 @@ async fn progress_then_the_answer_over_sse() {
         .await;
     assert!(r.content_type.starts_with("application/json"));
     assert_eq!(r.json()["result"]["content"][0]["text"], "Echo: j");
+    // Accepting both, without a progressToken: nothing could stream, so
+    // the answer is one JSON body (the latency path), not SSE.
+    let r = c
+        .call(json!(9), "echo", json!({"message": "k"}), BOTH)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.content_type.starts_with("application/json"),
+        "{}",
+        r.content_type
+    );
+    assert_eq!(r.json()["id"], 9);
+    assert_eq!(r.json()["result"]["content"][0]["text"], "Echo: k");
     h.shutdown().await;
 }
 

@@ -40,6 +40,10 @@ pub struct Row {
     pub proxied_p50_us: f64,
     pub proxied_p99_us: f64,
     pub proxied_calls_per_s: f64,
+    /// The harness's share alone: p50 of a client notification POSTed to
+    /// the same endpoint and answered 202 by the channel actor without
+    /// reaching the executor (HTTP round trip + one actor hop).
+    pub harness_only_p50_us: f64,
     /// proxied p50 / direct p50 (the target: at most 2).
     pub p50_ratio: f64,
     /// direct calls/s / proxied calls/s.
@@ -55,13 +59,13 @@ pub struct McpReport {
 impl McpReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "tools/call echo, {} calls per row\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9}\n",
+            "tools/call echo, {} calls per row\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12}\n",
             self.calls, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
-            "proxy/s", "p50_x", "tput_x"
+            "proxy/s", "p50_x", "tput_x", "harness_p50"
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2}\n",
+                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2} {:>10.0}us\n",
                 r.in_flight,
                 r.direct_p50_us,
                 r.direct_p99_us,
@@ -70,7 +74,8 @@ impl McpReport {
                 r.proxied_p99_us,
                 r.proxied_calls_per_s,
                 r.p50_ratio,
-                r.throughput_ratio
+                r.throughput_ratio,
+                r.harness_only_p50_us
             ));
         }
         s
@@ -224,6 +229,20 @@ impl Proxied {
         Ok((headers, messages))
     }
 
+    /// A notification the harness answers 202 itself: the cancellation
+    /// of a request that is not in flight (nothing goes to the executor).
+    async fn harness_only(&self, id: u64) -> Result<(), String> {
+        let body = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "bench"}})
+        .to_string();
+        let (_, messages) = self.post(body).await?;
+        if messages.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("cancel {id}: {messages:?}"))
+        }
+    }
+
     async fn call(&self, id: u64) -> Result<(), String> {
         let (_, messages) = self.post(echo(id)).await?;
         if messages
@@ -334,6 +353,12 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             async move { p.call(id).await }
         })
         .await?;
+        let p = proxied.clone();
+        let hs = measure(opts.calls, k, move |id| {
+            let p = p.clone();
+            async move { p.harness_only(id).await }
+        })
+        .await?;
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         rows.push(Row {
             in_flight: k,
@@ -343,6 +368,7 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             proxied_p50_us: us(ps.p50),
             proxied_p99_us: us(ps.p99),
             proxied_calls_per_s: ps.per_s,
+            harness_only_p50_us: us(hs.p50),
             p50_ratio: us(ps.p50) / us(ds.p50),
             throughput_ratio: ds.per_s / ps.per_s,
         });

@@ -54,6 +54,11 @@ pub struct Shared {
     /// straight to its server. Each actor puts itself in and takes itself
     /// out (a restart replaces the entry).
     pub mcp: DashMap<String, ActorRef<McpMsg>>,
+    /// `process_key(session, serverKey)` → the loopback endpoint of a
+    /// `service` server; its answers (`mcp.frame` from the harness) go
+    /// straight to it. Written by the session (bound at its start, removed
+    /// at its end).
+    pub mcp_tunnels: DashMap<String, Arc<crate::executor::mcp::service::Tunnel>>,
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
     terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
     draining: AtomicBool,
@@ -72,6 +77,7 @@ impl Shared {
             sessions: DashMap::new(),
             processes: DashMap::new(),
             mcp: DashMap::new(),
+            mcp_tunnels: DashMap::new(),
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),

@@ -18,9 +18,10 @@ use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Stdio as StdStdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 
 /// What a peer's transport reports.
@@ -77,11 +78,21 @@ pub struct StdioSpec {
 pub struct StdioPeer {
     pid: u32,
     scope: String,
-    stdin: Option<mpsc::Sender<String>>,
+    stdin: Option<Stdin>,
     tail: Arc<Mutex<VecDeque<u8>>>,
     exited: watch::Receiver<bool>,
     secrets: Arc<Vec<String>>,
     tasks: Vec<tokio::task::AbortHandle>,
+}
+
+/// The server's stdin: written directly by the owner while nothing is
+/// queued (no task hop on the request path), else queued in order for
+/// the writer task, which waits for the pipe to drain.
+struct Stdin {
+    pipe: Arc<tokio::net::unix::pipe::Sender>,
+    queue: mpsc::Sender<Vec<u8>>,
+    /// Messages queued and not yet fully written by the writer task.
+    queued: Arc<AtomicUsize>,
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -110,10 +121,14 @@ impl StdioPeer {
         let stderr_pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
         let (stdin_tx, stdin_rx) = mpsc::channel(STDIN_QUEUE);
+        let stdin_pipe = Arc::new(stdin_pipe);
+        let queued = Arc::new(AtomicUsize::new(0));
         let (exited_tx, exited_rx) = watch::channel(false);
         let (out_done_tx, out_done_rx) = tokio::sync::oneshot::channel::<()>();
         let mut tasks = Vec::new();
-        tasks.push(tokio::spawn(write_stdin(stdin_pipe, stdin_rx)).abort_handle());
+        tasks.push(
+            tokio::spawn(write_stdin(stdin_pipe.clone(), stdin_rx, queued.clone())).abort_handle(),
+        );
         tasks.push(
             tokio::spawn({
                 let sink = sink.clone();
@@ -159,7 +174,11 @@ impl StdioPeer {
         Ok(StdioPeer {
             pid,
             scope: spec.scope,
-            stdin: Some(stdin_tx),
+            stdin: Some(Stdin {
+                pipe: stdin_pipe,
+                queue: stdin_tx,
+                queued,
+            }),
             tail,
             exited: exited_rx,
             secrets: spec.secrets,
@@ -171,13 +190,36 @@ impl StdioPeer {
         self.pid
     }
 
+    /// Write one message (and its newline). While nothing is queued it is
+    /// written here, without blocking; what the pipe does not take at once
+    /// goes to the writer task, and so does everything after it until the
+    /// queue is empty again, so the order is kept. The owner is the only
+    /// writer (`&self` of one actor).
     pub fn send(&self, message: String) -> Result<(), String> {
         let Some(stdin) = &self.stdin else {
             return Err("stdin closed".into());
         };
-        stdin.try_send(message).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => "the server is not reading its stdin".to_owned(),
-            mpsc::error::TrySendError::Closed(_) => "the server's stdin is closed".to_owned(),
+        let mut bytes = message.into_bytes();
+        bytes.push(b'\n');
+        if stdin.queued.load(Ordering::Acquire) == 0 {
+            match stdin.pipe.try_write(&bytes) {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                Ok(n) => {
+                    bytes.drain(..n);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err("the server's stdin is closed".to_owned()),
+            }
+        }
+        stdin.queued.fetch_add(1, Ordering::AcqRel);
+        stdin.queue.try_send(bytes).map_err(|e| {
+            stdin.queued.fetch_sub(1, Ordering::AcqRel);
+            match e {
+                mpsc::error::TrySendError::Full(_) => {
+                    "the server is not reading its stdin".to_owned()
+                }
+                mpsc::error::TrySendError::Closed(_) => "the server's stdin is closed".to_owned(),
+            }
         })
     }
 
@@ -232,12 +274,27 @@ fn tail_text(tail: &Mutex<VecDeque<u8>>, secrets: &[String]) -> String {
     redact(&String::from_utf8_lossy(&bytes), secrets)
 }
 
-async fn write_stdin(mut pipe: tokio::net::unix::pipe::Sender, mut rx: mpsc::Receiver<String>) {
-    while let Some(mut msg) = rx.recv().await {
-        msg.push('\n');
-        if pipe.write_all(msg.as_bytes()).await.is_err() {
-            return;
+/// What [`StdioPeer::send`] could not write at once, in order. The pipe
+/// is closed (EOF for the server) when the peer drops its queue and this
+/// task its `Arc` of the pipe.
+async fn write_stdin(
+    pipe: Arc<tokio::net::unix::pipe::Sender>,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+) {
+    while let Some(msg) = rx.recv().await {
+        let mut rest = &msg[..];
+        while !rest.is_empty() {
+            if pipe.writable().await.is_err() {
+                return;
+            }
+            match pipe.try_write(rest) {
+                Ok(n) => rest = &rest[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
         }
+        queued.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -14,6 +14,7 @@
 use super::actors::connection::ConnMsg;
 use super::actors::leases::LeasesMsg;
 use super::actors::mcp::McpMsg;
+use super::actors::mcp_service::{ServiceMsg, ServiceReg};
 use super::actors::turns::TurnsMsg;
 use super::api::mcp::McpToolsView;
 use crate::harness::api::terminals::TerminalRegistry;
@@ -81,6 +82,12 @@ pub struct Shared {
     /// (session, serverKey) → the server's tool list; each entry written
     /// only by that server's channel actor.
     pub mcp_tools: DashMap<(String, String), McpToolsView>,
+    /// (session, serverKey) → the `service` server the platform registered
+    /// (`POST /v1/sessions/{id}/mcp-services`); removed with the session.
+    pub mcp_services: DashMap<(String, String), ServiceReg>,
+    /// (session, serverKey) → its service actor; each entry written only
+    /// by that actor.
+    pub mcp_service_actors: DashMap<(String, String), ActorRef<ServiceMsg>>,
     /// The dynamic supervisor of the MCP channel actors.
     mcp: std::sync::RwLock<Option<ActorRef<DynamicMsg>>>,
     /// Session → its agent stream actor (events, subscribers,
@@ -132,6 +139,8 @@ impl Shared {
             relay_base: OnceLock::new(),
             mcp_channels: DashMap::new(),
             mcp_tools: DashMap::new(),
+            mcp_services: DashMap::new(),
+            mcp_service_actors: DashMap::new(),
             mcp: std::sync::RwLock::new(None),
             turns: DashMap::new(),
             turns_sup: std::sync::RwLock::new(None),

@@ -161,6 +161,11 @@ impl Link {
         self.inner.codec
     }
 
+    /// Whether both handles are of the same connection.
+    pub fn same_as(&self, other: &Link) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub fn version(&self) -> Version {
         self.inner.version
     }

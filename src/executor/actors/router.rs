@@ -166,6 +166,18 @@ impl ExecutorRouter {
     /// hold (unknown, unavailable, restarting) is answered by its session.
     fn mcp(&self, request: McpRequest, reply: Option<Responder>) {
         let key = crate::executor::runtime::process_key(request.session_id(), request.server_key());
+        if matches!(request, McpRequest::McpFrame(_)) {
+            // A `service` server's answer, from the harness.
+            if let Some(t) = self.shared.mcp_tunnels.get(&key).map(|t| t.clone()) {
+                if let McpRequest::McpFrame(p) = request {
+                    if let Some(r) = reply {
+                        r.ok(&crate::wire::types::Accepted::YES);
+                    }
+                    t.from_harness(p.payload);
+                }
+                return;
+            }
+        }
         if let Some(actor) = self.shared.mcp.get(&key).map(|a| a.clone()) {
             match actor.send_message(McpMsg::Request(request, reply)) {
                 Ok(()) => return,

@@ -192,6 +192,9 @@ pub struct SessionState {
     ready_due: bool,
     /// `session.assign.mcpServers`, until they are started.
     specs: Vec<McpServerSpec>,
+    /// The loopback endpoints of the `service` servers, by key (their
+    /// URLs go into every process's environment).
+    services: BTreeMap<String, Arc<crate::executor::mcp::service::Tunnel>>,
     /// The agent process's name, while one runs (child `agent`).
     agent: Option<String>,
     /// The running turn.
@@ -763,6 +766,46 @@ impl Session {
         }
     }
 
+    /// Bind the loopback endpoint of a `service` server: `ready` once bound
+    /// (the service itself is the platform's; the harness answers for it).
+    async fn start_service(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+        key: String,
+    ) {
+        let max = state.shared.max_mcp_message();
+        let change = match crate::executor::mcp::service::Tunnel::start(
+            state.shared.clone(),
+            &state.id,
+            &key,
+            max,
+        )
+        .await
+        {
+            Ok(t) => {
+                state.shared.mcp_tunnels.insert(
+                    crate::executor::runtime::process_key(&state.id, &key),
+                    t.clone(),
+                );
+                state.services.insert(key.clone(), t);
+                McpChange {
+                    key,
+                    state: McpServerState::Ready,
+                    reason: None,
+                    last_error: None,
+                }
+            }
+            Err(e) => McpChange {
+                key,
+                state: McpServerState::Unavailable,
+                reason: Some("bind_failed".into()),
+                last_error: Some(e.to_string()),
+            },
+        };
+        state.mcp_changed(myself, change);
+    }
+
     /// Start each `environment` server as a `transient` child with its
     /// restart budget. A spec that cannot run is `unavailable` at once.
     async fn start_mcp_servers(&self, myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
@@ -771,6 +814,10 @@ impl Session {
             let key = spec.server_key.clone();
             if !matches!(state.mcp.get(&key), Some(e) if e.status.state == McpServerState::Starting)
             {
+                continue;
+            }
+            if spec.connection_origin == ConnectionOrigin::Service {
+                self.start_service(myself, state, key).await;
                 continue;
             }
             let scope = mcp_scope(&state.scope, &key);
@@ -899,13 +946,23 @@ impl Session {
         if let Err(e) = super::process::check_spec(&state.shared, &state.workspace, &spec) {
             return reply.err(e);
         }
+        // The `service` servers' endpoints, unless the spec sets them (in
+        // what runs, not in the spec kept for idempotent retries).
+        let mut run = spec.clone();
+        if !state.services.is_empty() {
+            let env = run.env.get_or_insert_with(Default::default);
+            for (key, t) in &state.services {
+                env.entry(crate::executor::mcp::service::env_name(key))
+                    .or_insert_with(|| t.url().to_owned());
+            }
+        }
         let args = ProcessArgs {
             shared: state.shared.clone(),
             session: myself.clone(),
             session_id: state.id.clone(),
             workspace: state.workspace.clone(),
             scope: process_scope(&state.scope, &spec.process_id),
-            spec: spec.clone(),
+            spec: run,
             read_slots: state.read_slots.clone(),
         };
         let child = SessionChild::Process(spec.process_id.clone()).id();
@@ -1095,11 +1152,6 @@ impl Actor for Session {
                 (McpServerState::Unavailable, Some("invalid_spec"))
             } else if mcp.len() >= args.shared.config.mcp_max_servers as usize {
                 (McpServerState::Unavailable, Some("max_servers"))
-            } else if spec.connection_origin == ConnectionOrigin::Service {
-                (
-                    McpServerState::Unavailable,
-                    Some("service_origin_unsupported"),
-                )
             } else {
                 (McpServerState::Starting, None)
             };
@@ -1135,6 +1187,7 @@ impl Actor for Session {
             phase: SessionStatus::Starting,
             ready_due: false,
             specs: p.mcp_servers,
+            services: BTreeMap::new(),
             agent: None,
             turn: None,
             turns: HashMap::new(),
@@ -1166,6 +1219,13 @@ impl Actor for Session {
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
         state.forget_processes();
+        for (key, t) in std::mem::take(&mut state.services) {
+            t.stop();
+            state
+                .shared
+                .mcp_tunnels
+                .remove(&crate::executor::runtime::process_key(&state.id, &key));
+        }
         if !state.stopping {
             // Stopped from outside (executor shutdown): no orphans, no leftovers.
             for p in state.processes.values() {

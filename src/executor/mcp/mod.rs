@@ -6,6 +6,7 @@
 
 pub mod http;
 pub mod launch;
+pub mod service;
 pub mod sse;
 
 use crate::executor::stdio_peer::StdioPeer;

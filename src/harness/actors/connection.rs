@@ -11,13 +11,14 @@
 
 use super::leases::LeasesMsg;
 use super::mcp;
+use super::mcp_service;
 use crate::harness::runtime::{ConnEntry, Shared};
 use crate::harness::types::HarnessEvent;
 use crate::lease::ConnId;
 use crate::wire::types::{
     now_rfc3339, CapabilitiesUpdateParams, CloseParams, HeartbeatParams, HeartbeatResult, Limits,
-    McpCloseParams, McpCloseResult, McpFrameParams, RegisterParams, RegisterResult, StopParams,
-    TerminalExitedParams, TokenRefreshParams, TokenRefreshResult,
+    McpCloseParams, McpCloseResult, McpFrameParams, McpOpenParams, McpOpenResult, RegisterParams,
+    RegisterResult, StopParams, TerminalExitedParams, TokenRefreshParams, TokenRefreshResult,
 };
 use crate::wire::{
     decode_params, CloseCode, Closed, Dispatch, Inbound, Link, LinkLimits, Method, Owner,
@@ -42,13 +43,28 @@ pub enum ConnMsg {
 }
 
 /// Casts every frame of one connection to its actor; holds no state.
+/// `mcp.frame` notifications skip the connection actor and go straight to
+/// their channel actor (one mailbox hop, not two: the MCP latency path).
+/// That is safe before `executor.register` too: a channel only takes
+/// frames from the connection it was opened on, which is a leased one.
 pub struct ConnRouter {
     actor: ActorRef<ConnMsg>,
     link: Link,
+    shared: Arc<Shared>,
+    conn: ConnId,
 }
 
 impl Dispatch for ConnRouter {
-    fn dispatch(&self, frame: Inbound, reply: Option<Responder>) {
+    fn dispatch(&self, frame: Inbound, mut reply: Option<Responder>) {
+        if reply.is_none()
+            && frame.method() == Some(Method::McpFrame.as_str())
+            && Method::McpFrame.since() <= self.link.version()
+        {
+            if let Some(p) = decode_params::<McpFrameParams>(&frame, &mut reply) {
+                mcp::from_executor(&self.shared, &self.link, self.conn, p);
+            }
+            return;
+        }
         if let Err(ractor::MessagingErr::SendErr(msg)) =
             self.actor.send_message(ConnMsg::Frame(frame, reply))
         {
@@ -168,6 +184,8 @@ pub async fn start(shared: Arc<Shared>, transport: Transport, executor_id: Strin
     let router = Arc::new(ConnRouter {
         actor: actor.clone(),
         link,
+        shared: shared.clone(),
+        conn,
     });
     tokio::spawn(async move {
         let closed = reader.run(router).await;
@@ -369,7 +387,7 @@ impl ConnState {
             // the frame came on the connection it was opened on.
             Method::McpFrame => {
                 if let Some(p) = decode_params::<McpFrameParams>(&frame, &mut reply) {
-                    mcp::from_executor(&self.shared, self.conn, p);
+                    mcp::from_executor(&self.shared, &self.link, self.conn, p);
                 }
             }
             Method::McpClose => {
@@ -381,17 +399,33 @@ impl ConnState {
                 }
             }
             Method::McpOpen => {
-                // Channels toward the harness are for `service` servers,
-                // which this harness does not offer (docs/mcp.md).
-                if let Some(r) = reply {
-                    r.err(
-                        RpcError::new(
-                            crate::wire::ErrorCode::McpUnavailable,
-                            "this harness serves no service-origin MCP servers",
-                        )
-                        .with_reason("unsupported_origin"),
+                // A channel toward the harness: a `service` server the
+                // platform registered (docs/mcp.md). The connection must
+                // hold the session's lease; the open waits for the
+                // service's `initialize`, so it is answered from a task.
+                let Some(p) = decode_params::<McpOpenParams>(&frame, &mut reply) else {
+                    return;
+                };
+                let Some(r) = reply else { return };
+                let (shared, link, conn) = (self.shared.clone(), self.link.clone(), self.conn);
+                tokio::spawn(async move {
+                    let holds = matches!(
+                        crate::harness::api::sessions::ask(&shared, |reply| LeasesMsg::Route {
+                            session_id: p.session_id.clone(),
+                            reply,
+                        })
+                        .await,
+                        Ok(Ok(route)) if route.conn == conn
                     );
-                }
+                    if !holds {
+                        return r.err(RpcError::session_not_active(&p.session_id));
+                    }
+                    match mcp_service::open(&shared, link, conn, &p.session_id, &p.server_key).await
+                    {
+                        Ok(()) => r.ok(&McpOpenResult { opened: true }),
+                        Err(e) => r.err(e),
+                    }
+                });
             }
             m if m.owner() == Owner::HarnessSession => {
                 let sent = self

@@ -956,7 +956,12 @@ pub async fn ensure_channel(
         if info.state == SessionState::Ended {
             return Err(ApiError::session_ended(session_id));
         }
-        if !info.mcp_servers.iter().any(|s| s.server_key == server_key) {
+        // `service` servers are the platform's: no channel toward the
+        // executor (their frames go the other way, `mcp_service`).
+        if !info.mcp_servers.iter().any(|s| {
+            s.server_key == server_key
+                && s.connection_origin == crate::wire::types::ConnectionOrigin::Environment
+        }) {
             return Err(ApiError::with_status(
                 404,
                 RpcError::new(
@@ -996,9 +1001,13 @@ pub async fn ensure_channel(
     .await
 }
 
-/// Route an `mcp.frame` from the executor to its channel (a notification:
-/// without a channel it is dropped, with a debug line).
-pub fn from_executor(shared: &Shared, conn: ConnId, p: McpFrameParams) {
+/// Route an `mcp.frame` from the executor to its channel, or to its
+/// service actor for a `service` server (a notification: with neither it
+/// is dropped, with a debug line).
+pub fn from_executor(shared: &Shared, link: &Link, conn: ConnId, p: McpFrameParams) {
+    let Err(p) = super::mcp_service::frame(shared, link, conn, p) else {
+        return;
+    };
     let key = (p.session_id, p.server_key);
     match shared.mcp_channels.get(&key).map(|a| a.clone()) {
         Some(a) => {
@@ -1026,6 +1035,7 @@ pub fn executor_closed(shared: &Shared, conn: ConnId, p: McpCloseParams) {
 
 /// A session ended: its channels answer what they hold and stop.
 pub fn session_ended(shared: &Shared, session_id: &str, reason: &str) {
+    super::mcp_service::stop(shared, session_id, None);
     let actors: Vec<ActorRef<McpMsg>> = shared
         .mcp_channels
         .iter()

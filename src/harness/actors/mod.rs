@@ -23,6 +23,7 @@
 pub mod connection;
 pub mod leases;
 pub mod mcp;
+pub mod mcp_service;
 pub mod root;
 pub mod turns;
 

@@ -170,6 +170,79 @@ fn check_env(what: &str, env: &Option<BTreeMap<String, String>>) -> Result<(), A
     Ok(())
 }
 
+/// `POST /v1/sessions/{id}/mcp-services`: where a `service` server is.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceRegistration {
+    pub server_key: String,
+    /// The service's Streamable HTTP MCP endpoint (`http://` or `https://`).
+    pub url: String,
+    /// How long one request may take (1 to 3 600 000; default 60 000).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Register (or replace) the `service` server `serverKey` of a session.
+/// A replaced registration's actor is stopped: its requests in flight are
+/// answered with an error and the next `mcp.open` reaches the new URL.
+///
+/// # Errors
+///
+/// 404 for an unknown session (-32011) or a key the session has no
+/// `service` server for (-32014, `reason: unknown_server`), 410 for an
+/// ended session, 400 for a bad url or timeout (the url is never echoed).
+pub fn register_service(
+    shared: &Shared,
+    session_id: &str,
+    reg: ServiceRegistration,
+) -> Result<(), ApiError> {
+    {
+        let info = shared
+            .sessions
+            .get(session_id)
+            .ok_or_else(|| ApiError::unknown_session(session_id))?;
+        if info.state == SessionState::Ended {
+            return Err(ApiError::session_ended(session_id));
+        }
+        if !info.mcp_servers.iter().any(|s| {
+            s.server_key == reg.server_key && s.connection_origin == ConnectionOrigin::Service
+        }) {
+            return Err(ApiError::with_status(
+                404,
+                RpcError::new(
+                    crate::wire::ErrorCode::McpUnavailable,
+                    format!(
+                        "session {session_id:?} has no service MCP server {:?}",
+                        reg.server_key
+                    ),
+                )
+                .with_reason("unknown_server"),
+            ));
+        }
+    }
+    check_str("url", &reg.url, MAX_PATH_CHARS)?;
+    if !(reg.url.starts_with("http://") || reg.url.starts_with("https://")) {
+        return Err(bad("url must be an http:// or https:// URL"));
+    }
+    if reg.timeout_ms.is_some_and(|ms| ms == 0 || ms > 3_600_000) {
+        return Err(bad("timeoutMs must be 1 to 3600000"));
+    }
+    let timeout = reg
+        .timeout_ms
+        .map(std::time::Duration::from_millis)
+        .unwrap_or(crate::harness::actors::mcp_service::DEFAULT_TIMEOUT);
+    shared.mcp_services.insert(
+        (session_id.to_owned(), reg.server_key.clone()),
+        crate::harness::actors::mcp_service::ServiceReg {
+            url: reg.url,
+            timeout,
+        },
+    );
+    crate::harness::actors::mcp_service::stop(shared, session_id, Some(&reg.server_key));
+    tracing::info!(session = %session_id, server = %reg.server_key, "mcp service registered");
+    Ok(())
+}
+
 /// Check the `mcpServers` of a session before they are sent.
 ///
 /// # Errors
@@ -195,15 +268,27 @@ pub fn validate_specs(specs: &[McpServerSpec]) -> Result<(), ApiError> {
             return Err(bad(format!("serverKey {:?} is repeated", s.server_key)));
         }
         let key = &s.server_key;
-        if s.connection_origin == ConnectionOrigin::Service {
-            return Err(ApiError::rpc(
-                RpcError::invalid_params(format!(
-                    "mcpServers[{key}]: connectionOrigin \"service\" is not offered by this harness"
-                ))
-                .with_reason("unsupported_origin"),
-            ));
-        }
         let t = &s.transport;
+        if s.connection_origin == ConnectionOrigin::Service {
+            // The platform runs it: the executor only needs its key. Where
+            // it is comes later (`POST .../mcp-services`) and stays on the
+            // harness.
+            if t.kind != McpTransportType::Http
+                || t.url.is_some()
+                || t.command.is_some()
+                || t.args.is_some()
+                || t.env.is_some()
+                || t.secret_env.is_some()
+            {
+                return Err(ApiError::rpc(
+                    RpcError::invalid_params(format!(
+                        "mcpServers[{key}]: a service server has transport {{\"type\": \"http\"}} only; register its url with POST /v1/sessions/{{id}}/mcp-services"
+                    ))
+                    .with_reason("service_spec"),
+                ));
+            }
+            continue;
+        }
         match t.kind {
             McpTransportType::Stdio => {
                 let Some(command) = t.command.as_deref().filter(|c| !c.is_empty()) else {
@@ -374,8 +459,23 @@ mod tests {
         let mut s = spec("a");
         s.connection_origin = ConnectionOrigin::Service;
         assert_eq!(
+            validate_specs(std::slice::from_ref(&s))
+                .unwrap_err()
+                .reason(),
+            Some("service_spec")
+        );
+        s.transport = McpTransport {
+            kind: McpTransportType::Http,
+            ..spec("a").transport
+        };
+        s.transport.command = None;
+        s.transport.args = None;
+        s.transport.secret_env = None;
+        assert!(validate_specs(std::slice::from_ref(&s)).is_ok());
+        s.transport.url = Some("http://127.0.0.1:1/mcp".into());
+        assert_eq!(
             validate_specs(&[s]).unwrap_err().reason(),
-            Some("unsupported_origin")
+            Some("service_spec")
         );
     }
 

@@ -4,11 +4,12 @@
 //! session's `mcp.frame` channel to the executor's server.
 //!
 //! - `POST`: one JSON-RPC message (batches are refused). A request is
-//!   answered with `text/event-stream` (its progress notifications, then
-//!   its response, then the end) when the client accepts it, else with
-//!   `application/json`; `initialize` is answered with JSON when the client
-//!   accepts JSON, so that the `Mcp-Session-Id` it mints comes with a known
-//!   outcome. Notifications and responses get 202.
+//!   answered with `application/json` when the client accepts it and the
+//!   request carries no `progressToken`; else (progress asked for, or only
+//!   SSE accepted) with `text/event-stream` (its progress notifications,
+//!   then its response, then the end). `initialize` is answered with JSON
+//!   when the client accepts JSON, so that the `Mcp-Session-Id` it mints
+//!   comes with a known outcome. Notifications and responses get 202.
 //! - `GET`: the client session's notification stream (server
 //!   notifications: `tools/list_changed`, log messages, resource updates).
 //! - `DELETE`: end the client session.
@@ -51,6 +52,36 @@ pub(crate) async fn list(
 ) -> Result<Response, ApiError> {
     let servers = list_servers(&app.shared, &id)?;
     Ok(Json(serde_json::json!({ "servers": servers })).into_response())
+}
+
+/// `POST /v1/sessions/{id}/mcp-services`: register a `service` server's
+/// URL (201; the url is never echoed).
+pub(crate) async fn register_service(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    if body.len() > 64 << 10 {
+        return Err(ApiError::rpc(RpcError::payload_too_large(
+            "a service registration is at most 64 KiB",
+        )));
+    }
+    let reg: crate::harness::api::mcp::ServiceRegistration = serde_json::from_slice(&body)
+        .map_err(|e| {
+            // serde's text may quote a value (the url): only the position.
+            ApiError::rpc(RpcError::invalid_params(format!(
+                "bad registration (line {}, column {}): expected {{serverKey, url, timeoutMs?}}",
+                e.line(),
+                e.column()
+            )))
+        })?;
+    let key = reg.server_key.clone();
+    crate::harness::api::mcp::register_service(&app.shared, &id, reg)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({ "serverKey": key, "registered": true })),
+    )
+        .into_response())
 }
 
 /// A transport error: the HTTP status with a JSON-RPC error body.
@@ -290,6 +321,11 @@ pub(crate) async fn post(
         ClientMessage::Request {
             id, method, body, ..
         } => {
+            let wants_progress = body
+                .get("params")
+                .and_then(|p| p.get("_meta"))
+                .and_then(|m| m.get("progressToken"))
+                .is_some();
             let (ptx, prx) = mpsc::channel(PROGRESS_QUEUE);
             let (dtx, drx) = oneshot::channel();
             let (atx, arx) = oneshot::channel();
@@ -316,19 +352,25 @@ pub(crate) async fn post(
             let deadline =
                 tokio::time::Instant::now() + shared.config.mcp_request_timeout + ANSWER_GRACE;
             let timeout_ms = shared.config.mcp_request_timeout.as_millis() as u64;
-            let use_sse = accept.sse && (!accept.json || !is_init);
+            // SSE only when the client cannot take JSON, or when the
+            // request asked for progress (the one thing a JSON answer
+            // cannot carry): a JSON answer is one write of the whole
+            // response, where SSE costs the head, the event and the last
+            // chunk as separate writes and reads.
+            let use_sse = accept.sse && (!accept.json || (wants_progress && !is_init));
             if !use_sse {
                 let answer = wait_answer(drx, deadline, &id, timeout_ms).await;
+                let failed = minted.is_some()
+                    && serde_json::from_str::<Value>(&answer)
+                        .map(|v| v.get("error").is_some())
+                        .unwrap_or(true);
                 let mut resp = (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, "application/json")],
-                    answer.clone(),
+                    answer,
                 )
                     .into_response();
                 if let Some(client) = minted {
-                    let failed = serde_json::from_str::<Value>(&answer)
-                        .map(|v| v.get("error").is_some())
-                        .unwrap_or(true);
                     if failed {
                         // No session for a failed initialize.
                         let (tx, _rx) = oneshot::channel();

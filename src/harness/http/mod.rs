@@ -102,6 +102,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/v1/sessions/{id}/mcp", get(mcp::list))
         .route(
+            "/v1/sessions/{id}/mcp-services",
+            post(mcp::register_service),
+        )
+        .route(
             "/v1/sessions/{id}/mcp/{serverKey}",
             post(mcp::post).get(mcp::get).delete(mcp::delete),
         )
@@ -150,7 +154,11 @@ async fn trace_request(req: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128)
         .map(str::to_owned)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        .unwrap_or_else(|| {
+            // The thread's CSPRNG, not `Uuid::new_v4` (a getrandom system
+            // call on every request, measured in `bmx bench mcp`).
+            format!("{:032x}", rand::random::<u128>())
+        });
     let span = tracing::info_span!("http", request_id = %id, method = %req.method(), path = %req.uri().path());
     let mut resp = next.run(req).instrument(span).await;
     if let Ok(v) = HeaderValue::from_str(&id) {

@@ -211,7 +211,7 @@ fn mcp_schemas() -> Value {
     json!({
       "McpServerSpec": {"type": "object", "required": ["serverKey", "connectionOrigin", "transport"], "properties": {
           "serverKey": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-          "connectionOrigin": {"type": "string", "enum": ["environment"], "description": "\"service\" is refused (400, reason unsupported_origin): this harness does not offer service-origin servers"},
+          "connectionOrigin": {"type": "string", "enum": ["environment", "service"], "description": "environment: the executor runs it (transport stdio or http). service: the platform runs it; transport is {\"type\": \"http\"} only (400 reason service_spec otherwise) and its url is registered with POST /v1/sessions/{id}/mcp-services; the session's processes reach it at $BMX_MCP_<KEY>_URL"},
           "transport": {"$ref": "#/components/schemas/McpTransport"},
           "restartBudget": {"type": "object", "description": "bmx extension: restarts of a crashed server before it is unavailable (default 3 in 60 s)", "properties": {
               "maxRestarts": {"type": "integer", "maximum": 1000}, "windowMs": {"type": "integer", "minimum": 1, "maximum": 86400000}}}}},
@@ -234,6 +234,10 @@ fn mcp_schemas() -> Value {
           "toolsTruncated": {"type": "boolean"}, "toolsUpdatedAt": {"type": "string", "format": "date-time"},
           "toolsError": {"type": "string", "description": "why the last tools/list failed (the list shown is the one before)"}}},
       "McpServers": {"type": "object", "properties": {"servers": {"type": "array", "items": {"$ref": "#/components/schemas/McpServer"}}}},
+      "McpServiceRegistration": {"type": "object", "required": ["serverKey", "url"], "additionalProperties": false, "properties": {
+          "serverKey": {"type": "string", "description": "a service server of the session"},
+          "url": {"type": "string", "description": "the service's Streamable HTTP MCP endpoint, http:// or https://; kept on the harness, never echoed, listed or logged"},
+          "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 3600000, "description": "one request to the service, at most (default 60000)"}}},
       "JsonRpcMessage": {"type": "object", "required": ["jsonrpc"], "description": "one MCP JSON-RPC message (request, notification or response); batches are refused", "properties": {
           "jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
           "method": {"type": "string"}, "params": {"type": "object"}, "result": {}, "error": {"type": "object"}}}
@@ -253,10 +257,19 @@ fn mcp_paths() -> Value {
         "parameters": [sid()],
         "get": {"summary": "The session's MCP servers: redacted spec, state from session.status (starting, ready, restarting, unavailable), restarts, reason, lastError, and the tool list the harness fetched with tools/list (refreshed on notifications/tools/list_changed)",
           "responses": {"200": ok("servers", "McpServers"), "404": err("unknown session")}}},
+      "/v1/sessions/{id}/mcp-services": {
+        "parameters": [sid()],
+        "post": {"summary": "Register (or replace) where a service-origin MCP server is: the harness is its MCP client (initialize once, then every message of the session's processes, which reach it at $BMX_MCP_<KEY>_URL through the executor over mcp.frame)",
+          "requestBody": body("McpServiceRegistration", true),
+          "responses": {"201": {"description": "registered: {serverKey, registered: true}"},
+            "400": err("a bad url or timeoutMs, or not a registration (the url is never echoed)"),
+            "404": err("unknown session (-32011), or the session has no service server with that key (-32014, reason unknown_server)"),
+            "410": err("the session ended"),
+            "413": err("the body is larger than 64 KiB")}}},
       "/v1/sessions/{id}/mcp/{serverKey}": {
         "parameters": [sid(), key],
         "post": {"summary": "Streamable HTTP MCP endpoint (MCP 2025-03-26 / 2025-06-18): one JSON-RPC message, proxied over the session's mcp.frame channel",
-          "description": "Content-Type application/json; Accept application/json and/or text/event-stream. A request is answered with text/event-stream (its progress notifications, then its response) when accepted, else application/json; initialize is answered with JSON when JSON is accepted and mints the Mcp-Session-Id. Server errors are JSON-RPC responses (200): -32603 with data.reason executor_disconnected, session_ended, channel_closed or client_session_ended; -32001 (reason timeout) after the harness's MCP request timeout (60 s by default); the executor's -32014 when the server cannot be opened. Transport errors carry a JSON-RPC error body.",
+          "description": "Content-Type application/json; Accept application/json and/or text/event-stream. A request is answered with application/json when JSON is accepted and the request carries no params._meta.progressToken, else with text/event-stream (its progress notifications, then its response); initialize is answered with JSON when JSON is accepted and mints the Mcp-Session-Id. Server errors are JSON-RPC responses (200): -32603 with data.reason executor_disconnected, session_ended, channel_closed or client_session_ended; -32001 (reason timeout) after the harness's MCP request timeout (60 s by default); the executor's -32014 when the server cannot be opened. Transport errors carry a JSON-RPC error body.",
           "parameters": [session_header.clone(), {"name": "Accept", "in": "header", "schema": {"type": "string"}, "example": "application/json, text/event-stream"}],
           "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcMessage"}}}},
           "responses": {
