@@ -292,7 +292,7 @@ async fn resume_after_a_crash_loads_the_same_vendor_session() {
         .iter()
         .any(|e| e["text"] == "about to crash"));
     assert_eq!(
-        evs.iter().filter(|e| is_result(e)).last().unwrap()["result"]["isError"],
+        evs.iter().rfind(|e| is_result(e)).unwrap()["result"]["isError"],
         true
     );
     assert_eq!(of(&evs, "exit")[0]["exitCode"], 3);
