@@ -286,7 +286,9 @@ async fn resume_after_a_crash_loads_the_same_vendor_session() {
 
     // Crash mid-turn: the turn fails, the run is lost, a new one resumes.
     v.until_state(&id, "idle").await;
-    v.send(&id, "crash").await;
+    assert_eq!(v.send(&id, "crash").await, "prompted");
+    // Held while the doomed turn runs: delivered by the next run.
+    assert_eq!(v.send(&id, "after").await, "held");
     let evs = events_until(&mut ws, "restarting", |e| e["type"] == "restarting").await;
     assert!(of(&evs, "assistant")
         .iter()
@@ -305,10 +307,16 @@ async fn resume_after_a_crash_loads_the_same_vendor_session() {
     let evs = events_until(&mut ws, "restart prompt", is_result).await;
     assert_eq!(of(&evs, "user")[0]["text"], "history");
     assert_eq!(evs.last().unwrap()["result"]["text"], "prompts so far: 3");
+    let evs = events_until(&mut ws, "held prompt", is_result).await;
+    assert_eq!(of(&evs, "user")[0]["text"], "after");
+    assert_eq!(
+        evs.last().unwrap()["result"]["text"],
+        "Hello, you said: after"
+    );
     let s = v.until_state(&id, "idle").await;
     assert_eq!(s["vendorId"], vendor.as_str());
     assert_eq!(s["restarts"], 1);
-    assert_eq!(s["turns"], 3);
+    assert_eq!(s["turns"], 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

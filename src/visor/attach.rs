@@ -92,6 +92,32 @@ fn text(v: Value) -> Message {
     Message::Text(v.to_string().into())
 }
 
+/// `ended` once the session has exited (`true`: the view is over).
+async fn ended(
+    sink: &mut Sink,
+    ended_rx: &mut tokio::sync::watch::Receiver<Option<Option<i32>>>,
+) -> Result<bool, Gone> {
+    let ended = *ended_rx.borrow_and_update();
+    match ended {
+        Some(code) => {
+            put(
+                sink,
+                text(json!({"type": "ended", "reason": "exited", "exitCode": code})),
+            )
+            .await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// The visor shuts down: `ended {reason: closed}` and a 1001 close.
+async fn closing(sink: &mut Sink) -> Result<(), Gone> {
+    let _ = put(sink, text(json!({"type": "ended", "reason": "closed"}))).await;
+    let _ = put(sink, close(CloseCode::Away, "closed")).await;
+    Err(Gone)
+}
+
 fn error_frame(code: &str, message: impl Into<String>) -> Message {
     text(json!({"type": "error", "code": code, "message": message.into()}))
 }
@@ -178,13 +204,7 @@ impl Attached {
                 .map_err(|_| Gone)?
                 .map_err(|_| Gone)?;
             pace.advance(next);
-            let ended = *ended_rx.borrow_and_update();
-            if let Some(code) = ended {
-                put(
-                    sink,
-                    text(json!({"type": "ended", "reason": "exited", "exitCode": code})),
-                )
-                .await?;
+            if ended(sink, &mut ended_rx).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -216,11 +236,7 @@ impl Attached {
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Err(Gone),
                     Some(Ok(_)) => {}
                 },
-                _ = self.visor.shutdown.cancelled() => {
-                    let _ = put(sink, text(json!({"type": "ended", "reason": "closed"}))).await;
-                    let _ = put(sink, close(CloseCode::Away, "closed")).await;
-                    return Err(Gone);
-                }
+                _ = self.visor.shutdown.cancelled() => return closing(sink).await,
             }
         }
     }
@@ -263,13 +279,7 @@ impl Attached {
                 )
                 .await?;
             }
-            let ended = *ended_rx.borrow_and_update();
-            if let Some(code) = ended {
-                put(
-                    sink,
-                    text(json!({"type": "ended", "reason": "exited", "exitCode": code})),
-                )
-                .await?;
+            if ended(sink, &mut ended_rx).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -291,11 +301,7 @@ impl Attached {
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Err(Gone),
                     Some(Ok(_)) => {}
                 },
-                _ = self.visor.shutdown.cancelled() => {
-                    let _ = put(sink, text(json!({"type": "ended", "reason": "closed"}))).await;
-                    let _ = put(sink, close(CloseCode::Away, "closed")).await;
-                    return Err(Gone);
-                }
+                _ = self.visor.shutdown.cancelled() => return closing(sink).await,
             }
         }
     }

@@ -66,6 +66,8 @@ pub struct WireRun {
     turn: Option<TurnEvents>,
     /// The last whole assistant message of the turn (its `result` text).
     reply: String,
+    /// This run is ending (`stop`, or the agent gone): held messages wait
+    /// for the next run, later messages are ignored.
     stopping: bool,
 }
 
@@ -144,9 +146,10 @@ impl WireRun {
         }
     }
 
-    /// Prompt the next held message, if any (the session is idle).
+    /// Prompt the next held message, if any (the session is idle and
+    /// this run goes on: a held message is never given to a dying agent).
     fn next_held(&mut self) -> Result<(), VisorError> {
-        if self.data.state() != State::Idle {
+        if self.stopping || self.data.state() != State::Idle {
             return Ok(());
         }
         let held = self.data.chat().next_held();
@@ -404,6 +407,7 @@ impl WireRun {
     /// The agent is gone (exited, or failed the protocol): the turn ends
     /// with an error, the tree is killed, and the restart policy decides.
     async fn gone(&mut self, myself: &ActorRef<SessionMsg>, code: Option<i32>, why: String) {
+        self.stopping = true;
         if self.turn.is_some() {
             let _ = self.turn_ended(Err(why.clone()));
         }
