@@ -318,14 +318,15 @@ mod tests {
             kinds,
             [
                 ("thought", true),
-                ("assistant", true),
                 ("thought", false),
+                ("assistant", true),
                 ("assistant", false),
                 ("tool", false),
                 ("tool", false)
             ]
         );
-        assert_eq!(m[1].fields["text"], "Hello");
+        assert_eq!(m[1].fields["text"], "hmm");
+        assert_eq!(m[2].fields["text"], "Hello");
         assert_eq!(m[3].turn.as_ref().unwrap().text, "Hello");
         assert_eq!(m[4].fields["tool"]["input"]["path"], "a");
         assert!(m[5].tool_update.is_some());
