@@ -113,14 +113,22 @@ async fn hello_checks_the_protocol_and_errors_are_typed() {
         (
             "POST",
             "/v1/sessions",
-            Some(r#"{"kind":"wire","command":["agent"]}"#),
-            501,
-            "unsupported",
+            Some(r#"{"kind":"wire","command":["/no/such/agent"]}"#),
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/sessions",
+            Some(r#"{"kind":"wire","agent":"nope"}"#),
+            400,
+            "invalid",
         ),
         ("GET", "/v1/sessions/nope", None, 404, "not_found"),
         ("POST", "/v1/sessions/nope/stop", None, 404, "not_found"),
         ("GET", "/v1/nothing-here", None, 404, "not_found"),
-        ("GET", "/v1/agents", None, 501, "unsupported"),
+        ("GET", "/v1/agents/nope", None, 404, "not_found"),
+        ("POST", "/v1/hook", Some("{}"), 501, "unsupported"),
         ("POST", "/v1/workdirs", Some("{}"), 501, "unsupported"),
     ] {
         let (st, e) = http(&v.socket(), method, path, body).await;

@@ -164,6 +164,37 @@ impl Client {
     }
 }
 
+/// The options of a `session/request_permission` request: optionId by
+/// kind (`allow_once`, `allow_always`, `reject_once`, `reject_always`).
+/// Shared by the executor's turns and the visor's wire sessions.
+pub fn option_kinds(request: &Value) -> HashMap<String, String> {
+    request["options"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| {
+                    Some((
+                        o["kind"].as_str()?.to_owned(),
+                        o["optionId"].as_str()?.to_owned(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The option that says `allow` (for good when `always`, else once
+/// first) or no, from [`option_kinds`]; `None` when the agent offered no
+/// such option (answer `cancelled`).
+pub fn pick_option(options: &HashMap<String, String>, allow: bool, always: bool) -> Option<String> {
+    let kinds: &[&str] = match (allow, always) {
+        (true, true) => &["allow_always", "allow_once"],
+        (true, false) => &["allow_once", "allow_always"],
+        (false, _) => &["reject_once", "reject_always"],
+    };
+    kinds.iter().find_map(|k| options.get(*k).cloned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,25 +37,42 @@ pub enum VisorCommand {
         #[arg(long)]
         state: Option<String>,
     },
-    /// Start a PTY session running COMMAND.
+    /// Start a session running COMMAND (or the agent recipe --agent):
+    /// on a PTY, or with `--kind wire` an ACP agent on stdio.
     Start {
         #[arg(long)]
         title: Option<String>,
-        /// Restart policy: none or notify.
+        /// pty or wire (an ACP agent).
+        #[arg(long, default_value = "pty")]
+        kind: String,
+        /// An agent of <home>/agents.toml instead of COMMAND.
+        #[arg(long, conflicts_with = "command")]
+        agent: Option<String>,
+        /// Wire sessions: the first prompt.
+        #[arg(long)]
+        prompt: Option<String>,
+        /// Wire sessions: the agent's session to load (ACP session/load).
+        #[arg(long)]
+        resume_id: Option<String>,
+        /// Restart policy: none, notify or (wire) resume.
         #[arg(long, default_value = "none")]
         restart: String,
+        /// Sent after a restart (wire sessions).
+        #[arg(long)]
+        restart_prompt: Option<String>,
         /// Working directory (absolute).
         #[arg(long)]
         cwd: Option<PathBuf>,
         /// Labels, `k=v` (repeatable).
         #[arg(long = "label")]
         labels: Vec<String>,
-        #[arg(required = true, trailing_var_arg = true)]
+        #[arg(required_unless_present = "agent", trailing_var_arg = true)]
         command: Vec<String>,
     },
-    /// Type TEXT and Enter into a session.
+    /// Type TEXT and Enter into a PTY session; prompt a wire session (now,
+    /// or held for its next idle).
     Send { session: String, text: String },
-    /// Print a session's screen.
+    /// Print a session's screen (a wire session: its conversation).
     Screen { session: String },
     /// Stop a session (its whole process tree).
     Stop { session: String },
@@ -150,7 +167,12 @@ pub async fn run(args: VisorArgs) -> ExitCode {
         }
         VisorCommand::Start {
             title,
+            kind,
+            agent,
+            prompt,
+            resume_id,
             restart,
+            restart_prompt,
             cwd,
             labels,
             command,
@@ -163,8 +185,20 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .filter_map(|l| l.split_once('='))
                 .map(|(k, v)| (k.to_owned(), Value::from(v)))
                 .collect();
-            let body = json!({"kind": "pty", "command": command, "title": title,
+            let mut body = json!({"kind": kind, "title": title,
                 "workingDir": cwd, "labels": labels, "restart": {"mode": restart}});
+            match agent {
+                Some(a) => body["agent"] = a.into(),
+                None => body["command"] = command.into(),
+            }
+            for (k, v) in [("prompt", prompt), ("resumeId", resume_id)] {
+                if let Some(v) = v {
+                    body[k] = v.into();
+                }
+            }
+            if let Some(p) = restart_prompt {
+                body["restart"]["prompt"] = p.into();
+            }
             client::request(&socket, "POST", "/v1/sessions", Some(&body))
                 .await
                 .map(|v| {
@@ -192,6 +226,26 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             client::request(&socket, "GET", &path, None).await.map(|v| {
                 if json {
                     println!("{}", envelope(&v));
+                } else if v["view"] == "chat" {
+                    for t in v["turns"].as_array().into_iter().flatten() {
+                        let tool = &t["tool"];
+                        match t["role"].as_str().unwrap_or("") {
+                            "tool" => println!(
+                                "tool: {} ({})",
+                                t["text"].as_str().unwrap_or(""),
+                                tool["status"].as_str().unwrap_or("")
+                            ),
+                            role => println!("{role}: {}", t["text"].as_str().unwrap_or("")),
+                        }
+                    }
+                    for p in v["pending"].as_array().into_iter().flatten() {
+                        println!(
+                            "pending {}: {} {}",
+                            p["id"].as_str().unwrap_or(""),
+                            p["kind"].as_str().unwrap_or(""),
+                            p["tool"]["name"].as_str().unwrap_or("")
+                        );
+                    }
                 } else {
                     for l in v["lines"].as_array().into_iter().flatten() {
                         println!("{}", l.as_str().unwrap_or("").trim_end());

@@ -1,5 +1,5 @@
 //! `GET /v1/sessions/{id}/attach` (VISOR.md §4): a terminal view of a PTY
-//! session with the writer lease.
+//! session, or the chat view of a wire session, with the writer lease.
 //!
 //! Output goes out as binary frames (byte 0 op, bytes 1–8 seq big-endian,
 //! then data; op 1 output, op 3 snapshot). A client that attaches with no
@@ -58,9 +58,10 @@ fn prepare(
                 "only pty sessions have a terminal view".into(),
             ))
         }
+        "chat" if d.checked.spec.kind == Kind::Wire => {}
         "chat" => {
-            return Err(VisorError::Unsupported(
-                "the chat view needs a wire session, which this visor does not offer yet".into(),
+            return Err(VisorError::Invalid(
+                "only wire sessions have a chat view".into(),
             ))
         }
         other => return Err(VisorError::Invalid(format!("unknown view {other:?}"))),
@@ -91,6 +92,32 @@ fn text(v: Value) -> Message {
     Message::Text(v.to_string().into())
 }
 
+/// `ended` once the session has exited (`true`: the view is over).
+async fn ended(
+    sink: &mut Sink,
+    ended_rx: &mut tokio::sync::watch::Receiver<Option<Option<i32>>>,
+) -> Result<bool, Gone> {
+    let ended = *ended_rx.borrow_and_update();
+    match ended {
+        Some(code) => {
+            put(
+                sink,
+                text(json!({"type": "ended", "reason": "exited", "exitCode": code})),
+            )
+            .await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// The visor shuts down: `ended {reason: closed}` and a 1001 close.
+async fn closing(sink: &mut Sink) -> Result<(), Gone> {
+    let _ = put(sink, text(json!({"type": "ended", "reason": "closed"}))).await;
+    let _ = put(sink, close(CloseCode::Away, "closed")).await;
+    Err(Gone)
+}
+
 fn error_frame(code: &str, message: impl Into<String>) -> Message {
     text(json!({"type": "error", "code": code, "message": message.into()}))
 }
@@ -111,7 +138,12 @@ impl Attached {
 
     async fn run(self, ws: WsStream, after: Option<u64>, view: String) {
         let (mut sink, mut stream) = ws.split();
-        let r = self.pump(&mut sink, &mut stream, after, &view).await;
+        let r = if view == "chat" {
+            self.pump_chat(&mut sink, &mut stream, after.unwrap_or(0))
+                .await
+        } else {
+            self.pump(&mut sink, &mut stream, after, &view).await
+        };
         self.data.with_lease(|l| l.disconnect(self.client));
         if r.is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
@@ -172,13 +204,7 @@ impl Attached {
                 .map_err(|_| Gone)?
                 .map_err(|_| Gone)?;
             pace.advance(next);
-            let ended = *ended_rx.borrow_and_update();
-            if let Some(code) = ended {
-                put(
-                    sink,
-                    text(json!({"type": "ended", "reason": "exited", "exitCode": code})),
-                )
-                .await?;
+            if ended(sink, &mut ended_rx).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -210,12 +236,121 @@ impl Attached {
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Err(Gone),
                     Some(Ok(_)) => {}
                 },
-                _ = self.visor.shutdown.cancelled() => {
-                    let _ = put(sink, text(json!({"type": "ended", "reason": "closed"}))).await;
-                    let _ = put(sink, close(CloseCode::Away, "closed")).await;
-                    return Err(Gone);
-                }
+                _ = self.visor.shutdown.cancelled() => return closing(sink).await,
             }
+        }
+    }
+
+    /// The chat view of a wire session: `turns` frames (first every
+    /// retained turn after `after`, then each new one), the lease, `ended`;
+    /// from the client `control`, `release`, `send`, `interrupt`, `ack`.
+    async fn pump_chat(
+        &self,
+        sink: &mut Sink,
+        stream: &mut futures_util::stream::SplitStream<WsStream>,
+        mut after: u64,
+    ) -> Result<(), Gone> {
+        let d = &self.data;
+        let lease = d.lease();
+        put(
+            sink,
+            text(
+                json!({"type": "attached", "view": "chat", "writable": lease.may_write(self.client),
+                "holder": lease.seen_by(self.client).as_str(), "resizable": false}),
+            ),
+        )
+        .await?;
+        let mut chat_rx = d.chat_tx.subscribe();
+        let mut lease_rx = d.lease_tx.subscribe();
+        let mut ended_rx = d.ended_tx.subscribe();
+        let mut first = true;
+        loop {
+            chat_rx.borrow_and_update();
+            let (turns, pending) = {
+                let c = d.chat();
+                (c.turns_after(after), c.pending_views())
+            };
+            if first || !turns.is_empty() {
+                first = false;
+                after = turns.last().map_or(after, |t| t.seq);
+                put(
+                    sink,
+                    text(json!({"type": "turns", "turns": turns, "pending": pending})),
+                )
+                .await?;
+            }
+            if ended(sink, &mut ended_rx).await? {
+                return Ok(());
+            }
+            tokio::select! {
+                _ = chat_rx.changed() => {}
+                _ = lease_rx.changed() => {
+                    let l = *lease_rx.borrow_and_update();
+                    put(sink, self.lease_frame(&l)).await?;
+                }
+                _ = ended_rx.changed() => {}
+                msg = stream.next() => match msg {
+                    Some(Ok(Message::Text(t))) => {
+                        if let Some(reply) = self.on_chat_text(t.as_str()).await {
+                            put(sink, reply).await?;
+                        }
+                    }
+                    Some(Ok(Message::Binary(_))) => {
+                        put(sink, error_frame("invalid", "the chat view takes send frames, not terminal input")).await?;
+                    }
+                    Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return Err(Gone),
+                    Some(Ok(_)) => {}
+                },
+                _ = self.visor.shutdown.cancelled() => return closing(sink).await,
+            }
+        }
+    }
+
+    async fn on_chat_text(&self, t: &str) -> Option<Message> {
+        let Ok(v) = serde_json::from_str::<Value>(t) else {
+            return Some(error_frame("invalid", "frames are JSON objects"));
+        };
+        let w = Writer::Client(self.client);
+        match v.get("type").and_then(Value::as_str).unwrap_or("") {
+            "control" | "release" | "ack" | "interrupt" => self.on_text(t).await,
+            "send" => match v.get("text").and_then(Value::as_str) {
+                Some(s) if s.len() <= MAX_TEXT => {
+                    if !self.data.lease().may_write(self.client) {
+                        return Some(error_frame(
+                            "not_writer",
+                            "this client does not hold the writer lease",
+                        ));
+                    }
+                    let text_ = s.to_owned();
+                    let Some(actor) = self.data.actor() else {
+                        return Some(error_frame("state", "the session is not running"));
+                    };
+                    match actor
+                        .call(
+                            |r| SessionMsg::Send(text_, w, r),
+                            Some(Duration::from_secs(20)),
+                        )
+                        .await
+                    {
+                        Ok(ractor::rpc::CallResult::Success(Ok(delivery))) => {
+                            Some(text(json!({"type": "sent", "delivery": delivery})))
+                        }
+                        Ok(ractor::rpc::CallResult::Success(Err(e))) => {
+                            Some(error_frame(e.code(), e.to_string()))
+                        }
+                        _ => Some(error_frame("state", "the session's program has ended")),
+                    }
+                }
+                Some(_) => Some(error_frame(
+                    "invalid",
+                    format!("text is limited to {MAX_TEXT} bytes"),
+                )),
+                None => Some(error_frame("invalid", "send needs text")),
+            },
+            other => Some(error_frame(
+                "invalid",
+                format!("the chat view does not take {other:?} frames"),
+            )),
         }
     }
 

@@ -3,7 +3,7 @@
 //! with the error envelope. No session state lives here.
 
 use super::events::{Cursor, Filter};
-use super::session::{SessionMsg, Writer};
+use super::session::{AnswerSpec, SessionMsg, Writer};
 use super::sessions::SessionsMsg;
 use super::state::State as SessionState;
 use super::types::{Hello, Info, Kind, StartSpec, PROTOCOL};
@@ -66,8 +66,9 @@ pub fn router(visor: Arc<Visor>) -> Router {
         .route("/v1/sessions/{id}/attach", get(super::attach::attach))
         .route("/v1/purge", post(purge))
         .route("/v1/events", get(events))
-        .route("/v1/agents", any(not_offered))
-        .route("/v1/agents/{*rest}", any(not_offered))
+        .route("/v1/agents", get(agents))
+        .route("/v1/agents/{name}", get(agent))
+        .route("/v1/agents/{name}/{*rest}", any(not_offered))
         .route("/v1/workdirs", any(not_offered))
         .route("/v1/workdirs/{*rest}", any(not_offered))
         .route("/v1/projects", any(not_offered))
@@ -244,7 +245,11 @@ async fn list(State(v): Visor_, req: Request) -> ApiResult {
 
 async fn start(State(v): Visor_, req: Request) -> ApiResult {
     let spec: StartSpec = json_body(req).await?;
-    let checked = spec.check()?;
+    let recipe = match &spec.agent {
+        Some(name) => Some(super::agents::recipe(&v.home, name)?),
+        None => None,
+    };
+    let checked = spec.check(recipe.as_ref())?;
     if v.is_closing() {
         return Err(VisorError::Closed("the visor is shutting down".into()));
     }
@@ -260,12 +265,51 @@ async fn get_one(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
     Ok(Json(v.session(&id)?.view()).into_response())
 }
 
-async fn screen(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
+/// `GET …/screen`: the screen model of a PTY session; the conversation
+/// of a wire session (`view=chat`, the default for it).
+async fn screen(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let d = v.session(&id)?;
-    if d.checked.spec.kind != Kind::Pty {
-        return Err(VisorError::State("only pty sessions have a screen".into()));
+    let q = query(req.uri())?;
+    let after = query_u64(&q, "after")?.unwrap_or(0);
+    let view = q.get("view").and_then(|l| l.first()).map(String::as_str);
+    match (d.checked.spec.kind, view) {
+        (Kind::Pty, None | Some("terminal")) => Ok(Json(d.screen_view()).into_response()),
+        (Kind::Wire, None | Some("chat")) => Ok(Json(chat_view(&d, after)).into_response()),
+        (_, Some(other @ ("terminal" | "chat"))) => Err(VisorError::State(format!(
+            "a {} session has no {other} view",
+            d.checked.spec.kind.as_str()
+        ))),
+        (_, Some(other)) => Err(VisorError::Invalid(format!("unknown view {other:?}"))),
+        (_, None) => Err(VisorError::State(format!(
+            "a {} session has no screen",
+            d.checked.spec.kind.as_str()
+        ))),
     }
-    Ok(Json(d.screen_view()).into_response())
+}
+
+/// The chat view: turns after `after` (bounded by the conversation's own
+/// bounds), the open requests, the held count.
+pub fn chat_view(d: &super::session::SessionData, after: u64) -> Value {
+    let c = d.chat();
+    json!({"view": "chat", "turns": c.turns_after(after), "pending": c.pending_views(),
+        "held": c.held(), "seq": c.last_seq(), "state": d.state()})
+}
+
+/// `GET /v1/agents`.
+async fn agents(State(v): Visor_) -> ApiResult {
+    let all = super::agents::load(&v.home)?;
+    let reports =
+        futures_util::future::join_all(all.iter().map(|(n, r)| super::agents::report(n, r))).await;
+    Ok(Json(json!({"agents": reports})).into_response())
+}
+
+/// `GET /v1/agents/{name}`.
+async fn agent(State(v): Visor_, Path(name): Path<String>) -> ApiResult {
+    let all = super::agents::load(&v.home)?;
+    let r = all
+        .get(&name)
+        .ok_or_else(|| VisorError::NotFound(format!("no agent {name:?}")))?;
+    Ok(Json(super::agents::report(&name, r).await).into_response())
 }
 
 /// Terminal output as plain text: escape sequences removed, `\r\n` → `\n`,
@@ -329,6 +373,15 @@ async fn to_run(
     id: &str,
     f: impl FnOnce(ractor::RpcReplyPort<Result<(), VisorError>>) -> SessionMsg,
 ) -> Result<(), VisorError> {
+    ask_run(v, id, f).await
+}
+
+/// Ask the session's current run; its answer.
+async fn ask_run<T: Send + 'static>(
+    v: &Visor,
+    id: &str,
+    f: impl FnOnce(ractor::RpcReplyPort<Result<T, VisorError>>) -> SessionMsg,
+) -> Result<T, VisorError> {
     let d = v.session(id)?;
     if !d.state().live() {
         return Err(VisorError::State("the session has exited".into()));
@@ -394,18 +447,13 @@ async fn paste(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiRes
     Ok(Json(json!({"accepted": true})).into_response())
 }
 
-/// `send` to a PTY session types the text and Enter: a new line of input
-/// to whatever reads the terminal (`prompted`).
+/// `send`: to a PTY session, the text and Enter (`prompted`); to a wire
+/// session, a prompt now (`prompted`) or at the next idle (`held`).
 async fn send(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let t: Text = json_body(req).await?;
     check_text(&t)?;
-    let mut b = t.text.into_bytes();
-    b.push(b'\r');
-    to_run(&v, &id, |r| {
-        SessionMsg::Write(Bytes::from(b), Writer::Api, Some(r))
-    })
-    .await?;
-    Ok(Json(json!({"delivery": "prompted"})).into_response())
+    let delivery = ask_run(&v, &id, |r| SessionMsg::Send(t.text, Writer::Api, r)).await?;
+    Ok(Json(json!({"delivery": delivery})).into_response())
 }
 
 #[derive(Deserialize)]
@@ -438,27 +486,27 @@ async fn interrupt(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
     Ok(Json(json!({"accepted": true})).into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code)]
-struct Answer {
-    request_id: String,
-    allow: bool,
-    #[serde(default)]
-    message: Option<String>,
-    #[serde(default)]
-    updated_input: Option<Value>,
-}
-
-/// PTY sessions never have pending requests.
+/// `answer` a pending request (a wire agent's permission request; PTY
+/// sessions have none: 404).
 async fn answer(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let d = v.session(&id)?;
-    let a: Answer = json_body(req).await?;
-    let _ = d;
-    Err(VisorError::NotFound(format!(
-        "no pending request {:?}",
-        a.request_id
-    )))
+    let a: AnswerSpec = json_body(req).await?;
+    if a.message.as_ref().is_some_and(|m| m.len() > MAX_TEXT) {
+        return Err(VisorError::Invalid(format!(
+            "message is limited to {MAX_TEXT} bytes"
+        )));
+    }
+    if d.actor().is_none() {
+        // Between runs, or exited: nothing is pending any more.
+        let closed = !d.state().live();
+        return Err(match closed {
+            true => VisorError::State("the session has exited".into()),
+            false => VisorError::NotFound(format!("no pending request {:?}", a.request_id)),
+        });
+    }
+    let request = a.request_id.clone();
+    to_run(&v, &id, |r| SessionMsg::Answer(a, r)).await?;
+    Ok(Json(json!({"requestId": request, "answered": true})).into_response())
 }
 
 async fn stop(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
@@ -517,8 +565,7 @@ async fn purge(State(v): Visor_, req: Request) -> ApiResult {
         .iter()
         .filter(|d| p.session.as_ref().is_none_or(|s| s == &d.id))
         .filter(|d| p.agent.is_none() || d.checked.spec.agent == p.agent)
-        // PTY sessions have no vendor id.
-        .filter(|_| p.vendor_id.is_none())
+        .filter(|d| p.vendor_id.is_none() || d.chat().vendor_id == p.vendor_id)
         .map(|d| d.clone())
         .collect();
     let mut purged = Vec::new();

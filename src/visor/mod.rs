@@ -6,14 +6,17 @@
 //! visor root (supervisor)
 //! └── sessions            owner: starts sessions, learns of their exits
 //!     └── dynamic sup     restart type + budget per session = its restart policy
-//!         └── session <id>  one run of the program on a PTY
+//!         └── session <id>  one run of the program: on a PTY (`session`)
+//!                           or an ACP agent on stdio (`wire`)
 //! ```
 //!
 //! Sans-IO cores: [`state`] (the session state machine), [`events`]
 //! (numbering, retention, replay), [`lease`] (the writer lease). The HTTP
 //! side ([`http`], [`attach`]) only parses, checks sizes and routes.
 
+pub mod agents;
 pub mod attach;
+pub mod chat;
 pub mod client;
 pub mod error;
 pub mod events;
@@ -25,6 +28,7 @@ pub mod session;
 pub mod sessions;
 pub mod state;
 pub mod types;
+pub mod wire;
 
 pub use error::VisorError;
 

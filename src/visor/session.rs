@@ -12,10 +12,11 @@
 //! is no retry loop here. Past the budget the supervisor gives up and the
 //! sessions owner ends the session `exited` with an `error`.
 
+use super::chat::Conversation;
 use super::events::{Hub, Meta};
 use super::lease::Lease;
 use super::screen::Screen;
-use super::state::{Input, Machine, Outcome, Refused, State};
+use super::state::{Delivery, Input, Machine, Outcome, Refused, State};
 use super::types::{Checked, RestartMode, SessionView};
 use super::VisorError;
 use crate::executor::actors::terminal::pty;
@@ -85,6 +86,10 @@ pub struct SessionData {
     pub ended_tx: watch::Sender<Option<Option<i32>>>,
     /// The current run's actor (`None` between runs).
     actor: Mutex<Option<ActorRef<SessionMsg>>>,
+    /// A wire session's conversation (empty for PTY sessions).
+    chat: Mutex<Conversation>,
+    /// The seq of the last chat turn, for attached chat views.
+    pub chat_tx: watch::Sender<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -127,6 +132,8 @@ impl SessionData {
             size_tx: watch::channel((cols, rows)).0,
             ended_tx: watch::channel(None).0,
             actor: Mutex::new(None),
+            chat: Mutex::new(Conversation::default()),
+            chat_tx: watch::channel(0).0,
         })
     }
 
@@ -152,6 +159,10 @@ impl SessionData {
     }
 
     pub fn view(&self) -> SessionView {
+        let (prompts, pending, vendor_id) = {
+            let c = lock(&self.chat);
+            (c.prompts, c.pending_views(), c.vendor_id.clone())
+        };
         let r = lock(&self.record);
         let spec = &self.checked.spec;
         SessionView {
@@ -168,20 +179,20 @@ impl SessionData {
             created_at: self.created_at.clone(),
             updated_at: r.updated_at.clone(),
             seq: r.seq,
-            turns: 0,
-            pending: Vec::new(),
+            turns: prompts,
+            pending,
             exit_code: r.exit_code,
             error: r.error.clone(),
             restart: spec.restart.clone(),
             restarts: r.restarts,
-            vendor_id: None,
+            vendor_id,
             cols: r.cols,
             rows: r.rows,
         }
     }
 
-    /// Publish an event of this session.
-    pub fn emit(&self, kind: &str, fields: Value) {
+    /// Publish an event of this session; its seq.
+    pub fn emit(&self, kind: &str, fields: Value) -> u64 {
         let fields = match fields {
             Value::Object(m) => m,
             _ => Map::new(),
@@ -189,6 +200,87 @@ impl SessionData {
         let seq = self.hub.publish(&self.id, kind, fields, self.meta());
         let mut r = lock(&self.record);
         r.seq = r.seq.max(seq);
+        seq
+    }
+
+    /// The conversation (wire sessions).
+    pub fn chat(&self) -> MutexGuard<'_, Conversation> {
+        lock(&self.chat)
+    }
+
+    /// Publish an event that is also a chat turn.
+    pub fn emit_chat(&self, kind: &str, fields: Value, mut turn: super::chat::ChatTurn) {
+        turn.seq = self.emit(kind, fields);
+        let seq = turn.seq;
+        lock(&self.chat).push(turn);
+        self.chat_tx.send_replace(seq);
+    }
+
+    pub fn set_pid(&self, pid: u32) {
+        lock(&self.record).pid = Some(pid);
+    }
+
+    pub fn set_exit_code(&self, code: Option<i32>) {
+        lock(&self.record).exit_code = code;
+    }
+
+    pub fn set_actor(&self, actor: &ActorRef<SessionMsg>) {
+        *lock(&self.actor) = Some(actor.clone());
+    }
+
+    /// The run `myself` ends: forget it as the current one.
+    pub fn clear_actor(&self, myself: &ActorRef<SessionMsg>) {
+        let mut a = lock(&self.actor);
+        if a.as_ref().is_some_and(|a| a.get_id() == myself.get_id()) {
+            *a = None;
+        }
+    }
+
+    /// The start of a run of the program, for both kinds of session:
+    /// `Ok(true)` for the first run; on a restart run, what the previous
+    /// run left is killed, `restarting` is published and the session moves
+    /// `lost → starting`.
+    ///
+    /// # Errors
+    /// The session has exited, or the restart is refused (a `shutdown:`
+    /// reason: the supervisor does not restart it).
+    pub async fn begin_run(&self) -> Result<bool, ActorProcessingErr> {
+        let first = lock(&self.record).pid.is_none() && self.state() == State::Starting;
+        match self.state() {
+            State::Exited => return Err("shutdown:the session has exited".into()),
+            State::Starting => {}
+            s => {
+                if s != State::Lost {
+                    // The previous run crashed without reporting its end.
+                    let _ = self.apply(Input::Crash { restart: true });
+                }
+                // Whatever the previous run left behind goes first.
+                self.kill_tree().await;
+                let restarts = {
+                    let mut r = lock(&self.record);
+                    r.restarts += 1;
+                    r.exit_code = None;
+                    r.restarts
+                };
+                self.emit("restarting", json!({"restarts": restarts}));
+                self.apply(Input::Restart)
+                    .map_err(|e| format!("shutdown:restart refused: {e}"))?;
+            }
+        }
+        Ok(first)
+    }
+
+    /// A run that was stopped from outside (the visor shutting down, the
+    /// session terminated while live): the tree goes with it.
+    pub async fn end_run(&self, myself: &ActorRef<SessionMsg>) {
+        self.clear_actor(myself);
+        if matches!(
+            self.state(),
+            State::Starting | State::Running | State::Idle | State::Waiting | State::Suspended
+        ) {
+            self.kill_tree().await;
+            let _ = self.apply(Input::Stop);
+        }
     }
 
     /// Apply a state machine input; publish its moves.
@@ -241,7 +333,7 @@ impl SessionData {
         changed
     }
 
-    fn may_write(&self, w: Writer) -> Result<(), VisorError> {
+    pub fn may_write(&self, w: Writer) -> Result<(), VisorError> {
         let l = lock(&self.lease);
         match w {
             Writer::Api if l.free() => Ok(()),
@@ -264,6 +356,18 @@ impl SessionData {
 
 type Reply = RpcReplyPort<Result<(), VisorError>>;
 
+/// What `answer` says (VISOR.md §2).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AnswerSpec {
+    pub request_id: String,
+    pub allow: bool,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub updated_input: Option<Value>,
+}
+
 pub enum SessionMsg {
     /// New output in the scrollback (at most one queued).
     Output,
@@ -280,6 +384,17 @@ pub enum SessionMsg {
     Escalate,
     /// Test hook (`BMX_VISOR_TEST_HOOKS=1`): panic in the handler.
     Panic,
+    /// `send`: a PTY types it and Enter; a wire agent gets a prompt now
+    /// or when it is next idle.
+    Send(String, Writer, RpcReplyPort<Result<Delivery, VisorError>>),
+    /// `answer` a pending request (wire sessions).
+    Answer(AnswerSpec, Reply),
+    /// Wire sessions: what the agent's stdio brought.
+    Peer(crate::executor::stdio_peer::PeerEvent),
+    /// Wire sessions: a request's deadline passed.
+    Expire(String),
+    /// Wire sessions: the agent's deadline to open its session passed.
+    InitTimeout,
 }
 
 /// One run of a session's program.
@@ -339,9 +454,11 @@ impl Run {
     }
 }
 
-fn child_env(data: &SessionData) -> Result<Vec<(String, String)>, String> {
+/// The program's environment: the visor's (minus `BMX_*`), the spec's
+/// `env`, `BMX_SCOPE` and the `BMX_VISOR_*` variables.
+pub fn child_env(data: &SessionData, tty: Tty) -> Result<Vec<(String, String)>, String> {
     let mut env = ChildEnv::from_process(&[])
-        .build(data.checked.spec.env.as_ref(), Tty::Pty, &data.scope)
+        .build(data.checked.spec.env.as_ref(), tty, &data.scope)
         .map_err(|e| format!("shutdown:{e}"))?;
     env.retain(|(k, _)| !data.visor_env.iter().any(|(v, _)| v == k));
     env.extend(data.visor_env.iter().cloned());
@@ -358,29 +475,8 @@ impl Actor for SessionActor {
         myself: ActorRef<SessionMsg>,
         data: Arc<SessionData>,
     ) -> Result<Run, ActorProcessingErr> {
-        let first = lock(&data.record).pid.is_none() && data.state() == State::Starting;
-        match data.state() {
-            State::Exited => return Err("shutdown:the session has exited".into()),
-            State::Starting => {}
-            s => {
-                if s != State::Lost {
-                    // The previous run crashed without reporting its end.
-                    let _ = data.apply(Input::Crash { restart: true });
-                }
-                // Whatever the previous run left behind goes first.
-                data.kill_tree().await;
-                let restarts = {
-                    let mut r = lock(&data.record);
-                    r.restarts += 1;
-                    r.exit_code = None;
-                    r.restarts
-                };
-                data.emit("restarting", json!({"restarts": restarts}));
-                data.apply(Input::Restart)
-                    .map_err(|e| format!("shutdown:restart refused: {e}"))?;
-            }
-        }
-        let env = child_env(&data)?;
+        let first = data.begin_run().await?;
+        let env = child_env(&data, Tty::Pty)?;
         let (cols, rows) = *data.size_tx.borrow();
         let argv = &data.checked.argv;
         let spawned = match pty::spawn(argv, &data.checked.cwd, env, cols, rows) {
@@ -403,8 +499,8 @@ impl Actor for SessionActor {
                 let _ = done.send_message(SessionMsg::Exited(code));
             },
         )?;
-        lock(&data.record).pid = Some(spawned.pid);
-        *lock(&data.actor) = Some(myself.clone());
+        data.set_pid(spawned.pid);
+        data.set_actor(&myself);
         if first {
             data.emit(
                 "init",
@@ -429,21 +525,7 @@ impl Actor for SessionActor {
         myself: ActorRef<SessionMsg>,
         run: &mut Run,
     ) -> Result<(), ActorProcessingErr> {
-        {
-            let mut a = lock(&run.data.actor);
-            if a.as_ref().is_some_and(|a| a.get_id() == myself.get_id()) {
-                *a = None;
-            }
-        }
-        // Stopped from outside (the visor shutting down, the session
-        // terminated while running): the tree goes with it.
-        if matches!(
-            run.data.state(),
-            State::Starting | State::Running | State::Idle | State::Waiting | State::Suspended
-        ) {
-            run.data.kill_tree().await;
-            let _ = run.data.apply(Input::Stop);
-        }
+        run.data.end_run(&myself).await;
         for w in run.stop_waiters.drain(..) {
             let _ = w.send(Ok(()));
         }
@@ -525,6 +607,23 @@ impl Actor for SessionActor {
                 }
             }
             SessionMsg::Panic => panic!("injected panic (test hook)"),
+            SessionMsg::Send(text, w, reply) => {
+                let mut b = text.into_bytes();
+                b.push(b'\r');
+                let r = run
+                    .data
+                    .may_write(w)
+                    .and_then(|()| run.write(Bytes::from(b)));
+                let _ = reply.send(r.map(|()| Delivery::Prompted));
+            }
+            SessionMsg::Answer(a, reply) => {
+                // PTY sessions never have pending requests.
+                let _ = reply.send(Err(VisorError::NotFound(format!(
+                    "no pending request {:?}",
+                    a.request_id
+                ))));
+            }
+            SessionMsg::Peer(_) | SessionMsg::Expire(_) | SessionMsg::InitTimeout => {}
             SessionMsg::Exited(code) => {
                 run.take_output();
                 run.input = None;

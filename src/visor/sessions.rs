@@ -11,7 +11,8 @@
 
 use super::session::{SessionActor, SessionData, LOST};
 use super::state::{Input, State};
-use super::types::{Checked, RestartMode, SessionView};
+use super::types::{Checked, Kind, RestartMode, SessionView};
+use super::wire::WireActor;
 use super::{Visor, VisorError};
 use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
 use crate::supervisor::{ChildSpec, Exit, Intensity, Restart};
@@ -114,15 +115,20 @@ impl SessionsState {
         let scope = format!("{}/{id}/", self.visor.scope_prefix());
         let env = self.visor.session_env(&id, &checked);
         let mode = checked.spec.restart.mode;
+        let kind = checked.spec.kind;
         let data = SessionData::new(id.clone(), checked, scope, env, self.visor.hub.clone());
-        let spec = match mode {
-            RestartMode::None => {
-                ChildSpec::restartable(id.clone(), Restart::Temporary, SessionActor, data.clone())
-            }
-            RestartMode::Notify | RestartMode::Resume => {
-                ChildSpec::restartable(id.clone(), Restart::Transient, SessionActor, data.clone())
-                    .budget(RESTART_INTENSITY)
-            }
+        let restart = match mode {
+            RestartMode::None => Restart::Temporary,
+            RestartMode::Notify | RestartMode::Resume => Restart::Transient,
+        };
+        // One actor kind per session kind; the same restart policy.
+        let spec = match kind {
+            Kind::Wire => ChildSpec::restartable(id.clone(), restart, WireActor, data.clone()),
+            _ => ChildSpec::restartable(id.clone(), restart, SessionActor, data.clone()),
+        };
+        let spec = match restart {
+            Restart::Transient => spec.budget(RESTART_INTENSITY),
+            _ => spec,
         }
         .shutdown_timeout(Duration::from_secs(10));
         self.visor.sessions.insert(id.clone(), data.clone());

@@ -1,6 +1,7 @@
 //! The visor's JSON types (VISOR.md §1–2), camelCase on the wire, and the
 //! checks a start spec passes before anything is spawned.
 
+use super::agents::Recipe;
 use super::error::VisorError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -14,6 +15,8 @@ const MAX_ARG_BYTES: usize = 64 << 10;
 const MAX_LABELS: usize = 64;
 const MAX_LABEL_BYTES: usize = 256;
 const MAX_TITLE: usize = 512;
+/// Largest `prompt` / `restart.prompt`.
+const MAX_PROMPT: usize = 256 << 10;
 /// Largest terminal we open.
 pub const MAX_DIM: u16 = 1000;
 
@@ -113,8 +116,13 @@ pub struct StartSpec {
 /// A checked spec: what the session actor runs.
 #[derive(Debug, Clone)]
 pub struct Checked {
+    /// The spec; with an agent, its `env` is the recipe's overlaid by the
+    /// spec's own.
     pub spec: StartSpec,
     pub argv: Vec<String>,
+    /// The agent recipe's `resumeArgs` (when its capabilities say
+    /// `resume`), appended on a `resume` restart.
+    pub resume_args: Vec<String>,
     pub role: String,
     pub title: String,
     pub cwd: std::path::PathBuf,
@@ -127,12 +135,13 @@ fn invalid(m: impl Into<String>) -> VisorError {
 }
 
 impl StartSpec {
-    /// Check everything that needs no process.
+    /// Check everything that needs no process. `recipe`: the agent the
+    /// spec names, looked up by the caller in `agents.toml`.
     ///
     /// # Errors
     /// `invalid` for a malformed spec; `unsupported` for what this visor
-    /// does not offer (wire sessions, agents, workdirs).
-    pub fn check(self) -> Result<Checked, VisorError> {
+    /// does not offer (managed workdirs).
+    pub fn check(mut self, recipe: Option<&Recipe>) -> Result<Checked, VisorError> {
         match (&self.command, &self.agent) {
             (Some(_), Some(_)) | (None, None) => {
                 return Err(invalid("exactly one of command and agent"))
@@ -144,25 +153,53 @@ impl StartSpec {
                 "observed sessions are created by hooks, not started",
             ));
         }
-        if self.kind == Kind::Wire {
-            return Err(VisorError::Unsupported(
-                "wire (ACP) sessions are not offered by this visor yet".into(),
-            ));
-        }
-        if self.agent.is_some() {
-            return Err(VisorError::Unsupported(
-                "agent recipes (agents.toml) are not offered by this visor yet".into(),
-            ));
+        let mut resume_args = Vec::new();
+        match (&self.agent, recipe) {
+            (Some(name), Some(r)) => {
+                if r.kind != self.kind {
+                    return Err(invalid(format!(
+                        "agent {name:?} is a {} agent, not {}",
+                        r.kind.as_str(),
+                        self.kind.as_str()
+                    )));
+                }
+                let mut argv = vec![r.binary.clone()];
+                argv.extend(r.args.iter().cloned());
+                self.command = Some(argv);
+                let mut env = r.env.clone();
+                env.extend(self.env.take().unwrap_or_default());
+                self.env = Some(env);
+                if r.capabilities.resume {
+                    resume_args = r.resume_args.clone();
+                }
+            }
+            (Some(name), None) => return Err(invalid(format!("unknown agent {name:?}"))),
+            (None, _) => {}
         }
         if self.workdir.is_some() {
             return Err(VisorError::Unsupported(
                 "managed workdirs are not offered by this visor yet; use workingDir".into(),
             ));
         }
-        if self.restart.mode == RestartMode::Resume {
-            return Err(VisorError::Unsupported(
-                "restart mode resume needs a wire session; use notify".into(),
+        if self.restart.mode == RestartMode::Resume && self.kind != Kind::Wire {
+            return Err(invalid(
+                "restart mode resume needs a wire session; use notify",
             ));
+        }
+        if self.kind == Kind::Pty && (self.resume_id.is_some() || self.prompt.is_some()) {
+            return Err(invalid("resumeId and prompt are for wire sessions"));
+        }
+        if self.prompt.as_ref().is_some_and(|p| p.len() > MAX_PROMPT)
+            || self
+                .restart
+                .prompt
+                .as_ref()
+                .is_some_and(|p| p.len() > MAX_PROMPT)
+            || self.resume_id.as_ref().is_some_and(|r| r.len() > 256)
+        {
+            return Err(invalid(format!(
+                "prompt and restart.prompt are limited to {MAX_PROMPT} bytes, resumeId to 256"
+            )));
         }
         let argv = self.command.clone().unwrap_or_default();
         if argv.is_empty() || argv[0].is_empty() {
@@ -176,7 +213,11 @@ impl StartSpec {
         if argv.iter().any(|a| a.contains('\0')) {
             return Err(invalid("command contains a NUL byte"));
         }
-        let role = self.role.clone().unwrap_or_else(|| "shell".into());
+        let default_role = match self.kind {
+            Kind::Wire => "agent",
+            _ => "shell",
+        };
+        let role = self.role.clone().unwrap_or_else(|| default_role.into());
         if !matches!(role.as_str(), "agent" | "shell" | "script") {
             return Err(invalid("role is one of agent, shell, script"));
         }
@@ -212,6 +253,7 @@ impl StartSpec {
         }
         Ok(Checked {
             argv,
+            resume_args,
             role,
             title,
             cwd,
@@ -220,14 +262,6 @@ impl StartSpec {
             spec: self,
         })
     }
-}
-
-/// A pending request of a session (wire sessions).
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Request {
-    pub id: String,
-    pub kind: String,
 }
 
 /// `Session` (VISOR.md §2).
@@ -250,7 +284,8 @@ pub struct SessionView {
     pub updated_at: String,
     pub seq: u64,
     pub turns: u64,
-    pub pending: Vec<Request>,
+    /// Open requests (`{id, kind, tool?, input?, options?}`).
+    pub pending: Vec<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -310,3 +310,69 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The offline ACP test agent (tests/peers/agent, on the official SDK).
+pub fn agent_argv() -> Vec<String> {
+    vec![
+        "node".into(),
+        format!(
+            "{}/tests/peers/agent/test-agent.mjs",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    ]
+}
+
+impl Visor {
+    /// Start a wire session with the test agent in `dir` (the agent keeps
+    /// its sessions there); its id.
+    pub async fn start_wire(&self, dir: &Path, extra: Value) -> String {
+        let mut body = json!({"kind": "wire", "command": agent_argv(), "workingDir": dir.display().to_string()});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                b.insert(k.clone(), v.clone());
+            }
+        }
+        let v = self.ok("POST", "/v1/sessions", Some(body)).await;
+        v["id"].as_str().unwrap().to_owned()
+    }
+
+    /// Wait for the session's state.
+    pub async fn until_state(&self, id: &str, state: &str) -> Value {
+        self.until(&format!("/v1/sessions/{id}"), state, |s| {
+            s["state"] == state
+        })
+        .await
+    }
+
+    /// `send` text; the delivery.
+    pub async fn send(&self, id: &str, text: &str) -> String {
+        let v = self
+            .ok(
+                "POST",
+                &format!("/v1/sessions/{id}/send"),
+                Some(json!({"text": text})),
+            )
+            .await;
+        v["delivery"].as_str().unwrap().to_owned()
+    }
+}
+
+/// Events from a stream until one satisfies `cond` (all of them, in order,
+/// that one last).
+pub async fn events_until(ws: &mut Ws, what: &str, cond: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<Value>(&t).unwrap(),
+            Ok(Some(Ok(_))) => continue,
+            other => panic!("{what}: not seen ({other:?}); got {out:?}"),
+        };
+        let done = cond(&e);
+        out.push(e);
+        if done {
+            return out;
+        }
+    }
+}

@@ -143,16 +143,7 @@ impl TurnState {
     }
 
     fn answer_agent(&self, q: &Question, allow: bool, always: bool) {
-        let pick = |kinds: &[&str]| kinds.iter().find_map(|k| q.options.get(*k).cloned());
-        let option = if allow {
-            if always {
-                pick(&["allow_always", "allow_once"])
-            } else {
-                pick(&["allow_once", "allow_always"])
-            }
-        } else {
-            pick(&["reject_once", "reject_always"])
-        };
+        let option = crate::acp::rpc::pick_option(&q.options, allow, always);
         let _ = self
             .args
             .agent
@@ -322,19 +313,7 @@ impl Actor for Turn {
                     .or_else(|| call["kind"].as_str())
                     .unwrap_or("tool")
                     .to_owned();
-                let options: HashMap<String, String> = request["options"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|o| {
-                                Some((
-                                    o["kind"].as_str()?.to_owned(),
-                                    o["optionId"].as_str()?.to_owned(),
-                                ))
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let options = crate::acp::rpc::option_kinds(&request);
                 let q = Question {
                     agent_request: id,
                     options,
