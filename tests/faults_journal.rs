@@ -45,7 +45,6 @@ async fn metric(url: &str, name: &str) -> Option<f64> {
     if r.status() != 200 {
         return None;
     }
-    let _ = name;
     scrape(url).await.get(name).copied()
 }
 

@@ -63,6 +63,8 @@ struct Figures {
     read_errors: AtomicU64,
     term_echoes: AtomicU64,
     term_retries: AtomicU64,
+    /// The refusals that were posted again, by status and reason.
+    refusals: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -157,6 +159,11 @@ async fn soak_under_random_cuts_stalls_and_delays() {
                                 "{id}: still refused after {CALL_DEADLINE:?}: {status} {v}"
                             );
                             figures.call_retries.fetch_add(1, Ordering::Relaxed);
+                            let why = format!(
+                                "{status} {}",
+                                v["error"]["data"]["reason"].as_str().unwrap_or("-")
+                            );
+                            *figures.refusals.lock().unwrap().entry(why).or_default() += 1;
                             tokio::time::sleep(Duration::from_millis(100)).await;
                         }
                         Err(ClientError::Timeout(_)) => {
@@ -322,7 +329,7 @@ async fn soak_under_random_cuts_stalls_and_delays() {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let report = format!(
         "soak: seed {seed}, {chaos_secs:.0} s: calls {}, hangs {}, duplicates {}, lost {}, \
-         unknown {unknown}, refused-then-reposted {}; cuts {} (rst {}, fin {}, half-close {}), \
+         unknown {unknown}, refused-then-reposted {} {:?}; cuts {} (rst {}, fin {}, half-close {}), \
          stalls {}, delays {}, connections {}, reconnects {reconnects}, re-sent requests {resent}; \
          bytes verified {} of {stream_end}, gaps {} ({} bytes), read errors {}; \
          terminal echoes {} (retries {}); orphans: below {}, tagged {}, after exit {}",
@@ -331,6 +338,7 @@ async fn soak_under_random_cuts_stalls_and_delays() {
         duplicates.len(),
         lost.len(),
         g(&f.call_retries),
+        f.refusals.lock().unwrap(),
         c.cuts(),
         Counts::get(&c.rst),
         Counts::get(&c.fin),

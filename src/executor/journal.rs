@@ -60,6 +60,12 @@ pub enum JournalError {
     Full { entries: u64, bytes: u64 },
     #[error("journal: the lock is poisoned")]
     Poisoned,
+    /// Another live executor holds this journal (two daemons on one work
+    /// root): this one runs without.
+    #[error("journal {0}: held by another executor")]
+    Held(std::path::PathBuf),
+    #[error("journal: {0}")]
+    Io(#[from] std::io::Error),
 }
 
 /// One journaled request, as read back at start.
@@ -101,6 +107,8 @@ pub struct Journal {
     /// `resume.activeSessions` until their `session.ended` is acknowledged.
     recovering: Mutex<BTreeSet<String>>,
     previous: Previous,
+    /// `<journal>.lock`, `flock`ed for as long as this journal is open.
+    _lock: nix::fcntl::Flock<std::fs::File>,
     /// Entries that could not be journaled (caps, disk errors), for
     /// `bmx_executor_journal_overflows_total`.
     pub overflows: prometheus_client::metrics::counter::Counter,
@@ -125,6 +133,15 @@ impl Journal {
         max_entries: u64,
         max_bytes: u64,
     ) -> Result<Journal, JournalError> {
+        let mut lock_path = path.as_os_str().to_owned();
+        lock_path.push(".lock");
+        let lock_file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)?;
+        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| JournalError::Held(path.to_owned()))?;
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: every commit is fsynced before it returns.
@@ -192,6 +209,7 @@ impl Journal {
             recovered: Mutex::new(recovered),
             recovering: Mutex::new(BTreeSet::new()),
             previous,
+            _lock: lock,
             overflows: Default::default(),
         };
         journal.set_meta(&[
@@ -267,11 +285,7 @@ impl Journal {
         // A lost removal costs one more delivery, which the harness
         // dedupes: no fsync for it.
         g.conn.pragma_update(None, "synchronous", "NORMAL")?;
-        let removed: Result<Vec<i64>, rusqlite::Error> = (|| {
-            let mut st = g.conn.prepare_cached(sql)?;
-            let rows = st.query_map(p, |r| r.get::<_, i64>(0))?;
-            rows.collect()
-        })();
+        let removed = delete_returning(&g.conn, sql, p);
         g.conn.pragma_update(None, "synchronous", "FULL")?;
         let removed = removed?;
         g.entries = g.entries.saturating_sub(removed.len() as u64);
@@ -335,6 +349,17 @@ impl Journal {
     }
 }
 
+/// Run a `DELETE … RETURNING length(body)`: the removed bodies' sizes.
+fn delete_returning(
+    conn: &Connection,
+    sql: &str,
+    p: &[&dyn rusqlite::ToSql],
+) -> Result<Vec<i64>, rusqlite::Error> {
+    let mut st = conn.prepare_cached(sql)?;
+    let rows = st.query_map(p, |r| r.get::<_, i64>(0))?;
+    rows.collect()
+}
+
 /// The key of a `session.event` entry: its sequence, zero-padded so the
 /// keys sort as the numbers do.
 pub fn sequence_key(sequence: u64) -> String {
@@ -377,6 +402,19 @@ mod tests {
         assert_eq!(j.previous().pid, Some(std::process::id() as i32));
         j.remove_session(Method::ToolResult, "s1").unwrap();
         assert_eq!(j.usage().0, 1);
+    }
+
+    #[test]
+    fn one_executor_per_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let first = Journal::open(&path, "a").unwrap();
+        assert!(matches!(
+            Journal::open(&path, "b"),
+            Err(JournalError::Held(_))
+        ));
+        drop(first);
+        Journal::open(&path, "c").unwrap();
     }
 
     #[test]

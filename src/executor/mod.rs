@@ -138,12 +138,19 @@ impl Executor {
         }
         let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let journal = match &config.journal {
-            Some(path) => Some(Arc::new(journal::Journal::open(path, &instance).map_err(
-                |source| StartError::Journal {
-                    path: path.clone(),
-                    source,
-                },
-            )?)),
+            Some(path) => match journal::Journal::open(path, &instance) {
+                Ok(j) => Some(Arc::new(j)),
+                Err(e @ journal::JournalError::Held(_)) => {
+                    tracing::warn!(error = %e, "running without a journal: results are kept in memory only");
+                    None
+                }
+                Err(source) => {
+                    return Err(StartError::Journal {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            },
             None => None,
         };
         let shared = Shared::with_journal(config, tools, instance, journal);
