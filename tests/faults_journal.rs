@@ -12,7 +12,7 @@ mod faults_common;
 
 use bmx::client::ApiClient;
 use bmx::harness::HarnessEvent;
-use faults_common::{harness, scrape, ws_addr, ExecutorProc, Proxy};
+use faults_common::{free_port, harness, scrape, ws_addr, ExecutorProc, Proxy};
 use serde_json::json;
 use std::time::Duration;
 
@@ -25,14 +25,6 @@ async fn wait_until(what: &str, within: Duration, mut cond: impl AsyncFnMut() ->
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn metric(url: &str, name: &str) -> Option<f64> {

@@ -36,10 +36,7 @@ async fn harness_and_executor_metrics_move_with_the_work() {
     let h = harness("exec-m", "tok-m", 30_000).await;
     let proxy = Proxy::start(ws_addr(&h.executor_url())).await;
     let work = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = faults_common::free_port();
     let exec_metrics = format!("http://127.0.0.1:{port}/metrics");
     let _executor = ExecutorProc::spawn_with(
         &proxy.url(),

@@ -25,7 +25,7 @@ mod faults_common;
 use bmx::client::{ApiClient, AttachOptions, ClientError};
 use bmx::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
 use faults_common::chaos::{ChaosProxy, Counts};
-use faults_common::{harness, scrape, ws_addr, ExecutorProc};
+use faults_common::{alive, harness, scrape, ws_addr, ExecutorProc};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use std::collections::HashMap;
@@ -472,12 +472,6 @@ fn pids_tagged(sid: &str) -> Vec<i32> {
         }
     }
     out
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rfind(')').and_then(|i| s[i + 2..].chars().next()) != Some('Z'))
-        .unwrap_or(false)
 }
 
 /// Poll `list` for up to 15 s until it is empty; what is left then.

@@ -249,3 +249,19 @@ pub async fn scrape(url: &str) -> std::collections::HashMap<String, f64> {
     }
     out
 }
+
+/// A loopback port free a moment ago (for `--metrics-listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether a pid is alive (not gone, not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rfind(')').and_then(|i| s[i + 2..].chars().next()) != Some('Z'))
+        .unwrap_or(false)
+}
