@@ -30,11 +30,14 @@ pub enum OutboxEvent<K> {
     Tick,
 }
 
+/// Names an item's journal entry: (session id, entry key).
+type EntryKey<K> = Box<dyn Fn(&K) -> (String, String) + Send + Sync>;
+
 /// Where a journaled delivery keeps its items: the journal and each key's
-/// (session id, entry key) there.
+/// entry there.
 struct Journaled<K> {
     journal: std::sync::Arc<Journal>,
-    key: Box<dyn Fn(&K) -> (String, String) + Send + Sync>,
+    key: EntryKey<K>,
 }
 
 /// An outbox of requests of one method, and its timer.
