@@ -36,10 +36,7 @@ async fn harness_and_executor_metrics_move_with_the_work() {
     let h = harness("exec-m", "tok-m", 30_000).await;
     let proxy = Proxy::start(ws_addr(&h.executor_url())).await;
     let work = tempfile::tempdir().unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = faults_common::free_port();
     let exec_metrics = format!("http://127.0.0.1:{port}/metrics");
     let _executor = ExecutorProc::spawn_with(
         &proxy.url(),
@@ -158,6 +155,35 @@ async fn harness_and_executor_metrics_move_with_the_work() {
         |m| get(m, "bmx_executor_sessions") == 1.0 && get(m, "bmx_executor_processes") >= 1.0,
     )
     .await;
+    // The executor's own view: one tool result (the 413 never reached
+    // it), the bytes it answered reads with, the gap it reported, and the
+    // journal (the daemon's default) empty once everything is acknowledged.
+    until(&exec_metrics, "the executor counts its work", |m| {
+        get(m, "bmx_executor_tool_calls_total{outcome=\"succeeded\"}") == 1.0
+            && get(m, "bmx_executor_tool_call_duration_seconds_count") == 1.0
+            && get(
+                m,
+                "bmx_executor_process_output_bytes_total{stream=\"stdout\"}",
+            ) == 5.0 + 16.0
+            && get(m, "bmx_executor_ring_gaps_total") == 1.0
+            && get(m, "bmx_executor_journal_entries") == 0.0
+            && get(m, "bmx_executor_journal_overflows_total") == 0.0
+    })
+    .await;
+    let m = scrape(&exec_metrics).await;
+    assert!(
+        m.contains_key("bmx_executor_journal_bytes"),
+        "the journal is on: {m:?}"
+    );
+    // A histogram's buckets are cumulative and end at +Inf = count.
+    assert_eq!(
+        get(
+            &m,
+            "bmx_executor_tool_call_duration_seconds_bucket{le=\"+Inf\"}"
+        ),
+        1.0,
+        "{m:?}"
+    );
 
     // Cut the connection: the close is counted on both sides and the
     // executor registers again.

@@ -113,6 +113,7 @@ impl ExecutorArgs {
         config.deny_env.extend(self.deny_env);
         // The daemon owns all its children: orphans come back to it.
         config.subreaper = true;
+        config.journal = Some(config.work_root.join(bmx::executor::journal::FILE));
         Ok(config)
     }
 }

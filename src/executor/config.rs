@@ -92,6 +92,11 @@ pub struct ExecutorConfig {
     pub interaction_timeout: Duration,
     /// Restart budget of a session's agent process.
     pub agent_restart_budget: crate::supervisor::Intensity,
+    /// The journal file (`executor::journal`): tool results, `session.ended`
+    /// and session events not yet acknowledged survive the executor's death
+    /// there. `None`: kept in memory only. The daemon uses
+    /// `<work_root>/journal.db`; one executor per file.
+    pub journal: Option<PathBuf>,
 }
 
 impl ExecutorConfig {
@@ -131,6 +136,7 @@ impl ExecutorConfig {
                 max_restarts: 3,
                 period: Duration::from_secs(60),
             },
+            journal: None,
         }
     }
 }

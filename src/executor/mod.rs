@@ -14,6 +14,7 @@
 
 pub mod actors;
 pub mod config;
+pub mod journal;
 pub mod mcp;
 pub mod metrics;
 pub mod outbox;
@@ -95,6 +96,11 @@ pub enum StartError {
     },
     #[error("cannot spawn the actor tree: {0}")]
     Spawn(String),
+    #[error("cannot open the journal {path}: {source}")]
+    Journal {
+        path: std::path::PathBuf,
+        source: journal::JournalError,
+    },
 }
 
 /// A running executor.
@@ -130,7 +136,24 @@ impl Executor {
         if config.subreaper {
             crate::process::sys::become_subreaper();
         }
-        let shared = Shared::new(config, tools);
+        let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let journal = match &config.journal {
+            Some(path) => match journal::Journal::open(path, &instance) {
+                Ok(j) => Some(Arc::new(j)),
+                Err(e @ journal::JournalError::Held(_)) => {
+                    tracing::warn!(error = %e, "running without a journal: results are kept in memory only");
+                    None
+                }
+                Err(source) => {
+                    return Err(StartError::Journal {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            },
+            None => None,
+        };
+        let shared = Shared::with_journal(config, tools, instance, journal);
         let (root, exit) = root::start(shared.clone())
             .await
             .map_err(|e| StartError::Spawn(e.to_string()))?;

@@ -3,7 +3,13 @@
 //! owning actor, and keeps one timer armed for the next retry. Used by the
 //! session (tool results, `session.ready`) and the sessions actor
 //! (`session.ended`): one "deliver until acknowledged", not three.
+//!
+//! A delivery can be *journaled* ([`Delivery::journaled`]): each item is
+//! then also written to the executor's journal ([`super::journal`]) when
+//! it is pushed and removed from it when acknowledged, so it outlives the
+//! executor process.
 
+use super::journal::Journal;
 use super::Shared;
 use crate::wire::outbox::{Full, Outbox};
 use crate::wire::{CallError, Method};
@@ -24,6 +30,16 @@ pub enum OutboxEvent<K> {
     Tick,
 }
 
+/// Names an item's journal entry: (session id, entry key).
+type EntryKey<K> = Box<dyn Fn(&K) -> (String, String) + Send + Sync>;
+
+/// Where a journaled delivery keeps its items: the journal and each key's
+/// entry there.
+struct Journaled<K> {
+    journal: std::sync::Arc<Journal>,
+    key: EntryKey<K>,
+}
+
 /// An outbox of requests of one method, and its timer.
 pub struct Delivery<K: Ord, V> {
     outbox: Outbox<K, V>,
@@ -34,6 +50,7 @@ pub struct Delivery<K: Ord, V> {
     /// harness answered, so it knows; a `tool.result` refused with an
     /// internal error is tried again.
     error_is_answer: bool,
+    journal: Option<Journaled<K>>,
 }
 
 impl<K, V> Delivery<K, V>
@@ -53,7 +70,61 @@ where
             origin,
             timer_at: None,
             error_is_answer,
+            journal: None,
         }
+    }
+
+    /// Keep every item in `journal` too (nothing when `None`); `key` names
+    /// an item's journal entry: (session id, key).
+    pub fn journaled(
+        mut self,
+        journal: Option<std::sync::Arc<Journal>>,
+        key: impl Fn(&K) -> (String, String) + Send + Sync + 'static,
+    ) -> Self {
+        self.journal = journal.map(|journal| Journaled {
+            journal,
+            key: Box::new(key),
+        });
+        self
+    }
+
+    /// Write an item to the journal. Past the journal's caps (or on a disk
+    /// error) the item stays in memory only: delivered as usual, but lost
+    /// if the executor dies first. Logged and counted.
+    fn journal_put(&self, key: &K, value: &V) {
+        let Some(j) = &self.journal else { return };
+        let (session, k) = (j.key)(key);
+        if let Err(e) = j.journal.put(self.method, &session, &k, value) {
+            tracing::error!(method = self.method.as_str(), session = %session, key = %k, error = %e,
+                "not journaled: kept in memory only");
+            j.journal.overflows.inc();
+        }
+    }
+
+    fn journal_remove(&self, key: &K) {
+        let Some(j) = &self.journal else { return };
+        let (session, k) = (j.key)(key);
+        if let Err(e) = j.journal.remove(self.method, &session, &k) {
+            tracing::warn!(method = self.method.as_str(), session = %session, key = %k, error = %e,
+                "journal: cannot remove an acknowledged entry (it will be delivered again after a restart)");
+        }
+    }
+
+    /// Forget every journaled item of `session` (its owner gives up on
+    /// them: the session is over).
+    pub fn journal_forget_session(&self, session: &str) {
+        if let Some(j) = &self.journal {
+            if let Err(e) = j.journal.remove_session(self.method, session) {
+                tracing::warn!(error = %e, "journal: cannot forget a session's entries");
+            }
+        }
+    }
+
+    /// Keep an item read back from the journal (already there: not
+    /// written again).
+    pub fn restore(&mut self, key: K, value: V) -> Result<(), Full> {
+        let now = self.now();
+        self.outbox.push(key, value, now)
     }
 
     fn now(&self) -> Duration {
@@ -65,9 +136,15 @@ where
     }
 
     /// Keep `value` until the harness acknowledges it (sent at the next
-    /// [`Delivery::pump`]).
+    /// [`Delivery::pump`]); journaled first when the delivery is.
     pub fn push(&mut self, key: K, value: V) -> Result<(), Full> {
         let now = self.now();
+        if self.journal.is_some() {
+            if self.outbox.len() >= self.outbox.max_items() && !self.outbox.contains(&key) {
+                return Err(Full(self.outbox.max_items()));
+            }
+            self.journal_put(&key, &value);
+        }
         self.outbox.push(key, value, now)
     }
 
@@ -86,7 +163,9 @@ where
     pub fn ack_where(&mut self, pred: impl Fn(&K) -> bool) {
         let keys: Vec<K> = self.outbox.keys().filter(|k| pred(k)).cloned().collect();
         for k in keys {
-            self.outbox.acked(&k);
+            if self.outbox.acked(&k).is_some() {
+                self.journal_remove(&k);
+            }
         }
     }
 
@@ -115,7 +194,9 @@ where
     ) {
         match event {
             OutboxEvent::Acked(k) => {
-                self.outbox.acked(&k);
+                if self.outbox.acked(&k).is_some() {
+                    self.journal_remove(&k);
+                }
             }
             OutboxEvent::Failed(k) | OutboxEvent::Expected(k, _) => {
                 let now = self.now();

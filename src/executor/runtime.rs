@@ -64,14 +64,28 @@ pub struct Shared {
     draining: AtomicBool,
     /// Counters of this executor (`--metrics-listen`).
     pub metrics: super::metrics::Metrics,
+    /// What the executor owes the harness, on disk (`None`: memory only).
+    pub journal: Option<Arc<super::journal::Journal>>,
 }
 
 impl Shared {
     pub fn new(config: ExecutorConfig, tools: crate::tools::ToolRegistry) -> Arc<Self> {
+        let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        Self::with_journal(config, tools, instance, None)
+    }
+
+    /// As [`Shared::new`], with the process tag prefix `instance` and a
+    /// journal opened under it.
+    pub fn with_journal(
+        config: ExecutorConfig,
+        tools: crate::tools::ToolRegistry,
+        instance: String,
+        journal: Option<Arc<super::journal::Journal>>,
+    ) -> Arc<Self> {
         Arc::new(Shared {
             config,
             tools: Arc::new(tools),
-            instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+            instance,
             link: watch::channel(None).0,
             registration: Mutex::new(None),
             sessions: DashMap::new(),
@@ -81,7 +95,8 @@ impl Shared {
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
-            metrics: super::metrics::Metrics::new(),
+            metrics: super::metrics::Metrics::new().with_journal(journal.as_deref()),
+            journal,
         })
     }
 
@@ -147,9 +162,30 @@ impl Shared {
     }
 
     pub fn set_registration(&self, r: Registration) {
+        // A restarted executor resumes from the last register it made.
+        if let Some(j) = &self.journal {
+            if let Err(e) = j.set_meta(&[
+                ("executor_id", r.executor_id.as_str()),
+                ("connection_id", r.connection_id.as_str()),
+            ]) {
+                tracing::warn!(error = %e, "journal: cannot record the registration");
+            }
+        }
         if let Ok(mut g) = self.registration.lock() {
             *g = Some(r);
         }
+    }
+
+    /// What the first register of this process resumes from: the
+    /// previous run's registration, when its journal left sessions to
+    /// deliver for.
+    pub fn journal_resume(&self) -> Option<(String, String)> {
+        let j = self.journal.as_ref()?;
+        if j.recovering().is_empty() {
+            return None;
+        }
+        let p = j.previous();
+        Some((p.executor_id.clone()?, p.connection_id.clone()?))
     }
 
     /// The largest MCP message relayed in one `mcp.frame`: half the frame
@@ -197,7 +233,13 @@ impl Shared {
 
     pub fn active_sessions(&self) -> Vec<String> {
         let mut v: Vec<String> = self.sessions.iter().map(|e| e.key().clone()).collect();
+        // Sessions of a previous run whose journal is being delivered: the
+        // harness must keep their leases with this connection until then.
+        if let Some(j) = &self.journal {
+            v.extend(j.recovering());
+        }
         v.sort();
+        v.dedup();
         v
     }
 }

@@ -169,6 +169,11 @@ impl<K: Ord + Clone, V: Clone> Outbox<K, V> {
         self.items.len()
     }
 
+    /// The most items kept at once.
+    pub fn max_items(&self) -> usize {
+        self.max_items
+    }
+
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

@@ -3,6 +3,8 @@
 //! real `bmx executor` binary as a child killed on drop.
 #![allow(dead_code)]
 
+pub mod chaos;
+
 use bmx::harness::{Harness, HarnessHandle};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +43,9 @@ struct ProxyState {
     /// dropped (kept in `swallowed`), as a network that loses them would.
     black_hole: AtomicBool,
     swallowed: Mutex<Vec<u8>>,
+    /// The same, from the executor to the harness.
+    black_hole_up: AtomicBool,
+    swallowed_up: Mutex<Vec<u8>>,
 }
 
 /// A TCP proxy: executors dial [`Proxy::url`], it dials the harness.
@@ -81,7 +86,20 @@ impl Proxy {
                     let (mut down_r, mut down_w) = down.into_split();
                     let (mut up_r, mut up_w) = up.into_split();
                     let to_harness = async {
-                        let _ = tokio::io::copy(&mut down_r, &mut up_w).await;
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = match down_r.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if s.black_hole_up.load(Ordering::SeqCst) {
+                                s.swallowed_up.lock().unwrap().extend_from_slice(&buf[..n]);
+                                continue;
+                            }
+                            if up_w.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
                     };
                     let to_executor = async {
                         let mut buf = vec![0u8; 64 << 10];
@@ -128,6 +146,17 @@ impl Proxy {
 
     pub fn black_hole(&self, on: bool) {
         self.state.black_hole.store(on, Ordering::SeqCst);
+    }
+
+    /// Swallow what the executor sends (see [`Proxy::black_hole`]).
+    pub fn black_hole_up(&self, on: bool) {
+        self.state.black_hole_up.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether the bytes swallowed on their way up contain `needle`.
+    pub fn swallowed_up_contains(&self, needle: &str) -> bool {
+        let s = self.state.swallowed_up.lock().unwrap();
+        s.windows(needle.len()).any(|w| w == needle.as_bytes())
     }
 
     /// Whether the bytes swallowed so far contain `needle`.
@@ -219,4 +248,20 @@ pub async fn scrape(url: &str) -> std::collections::HashMap<String, f64> {
         out.insert(name.to_owned(), value.parse::<f64>().expect("a number"));
     }
     out
+}
+
+/// A loopback port free a moment ago (for `--metrics-listen`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether a pid is alive (not gone, not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rfind(')').and_then(|i| s[i + 2..].chars().next()) != Some('Z'))
+        .unwrap_or(false)
 }

@@ -104,11 +104,14 @@ impl Connection {
             },
             environment_id: config.environment_id.clone(),
             capabilities: shared.capabilities(),
-            resume: previous.map(|p| Resume {
-                executor_id: p.executor_id,
-                last_connection_id: p.connection_id,
-                active_sessions: shared.active_sessions(),
-            }),
+            resume: previous
+                .map(|p| (p.executor_id, p.connection_id))
+                .or_else(|| shared.journal_resume())
+                .map(|(executor_id, last_connection_id)| Resume {
+                    executor_id,
+                    last_connection_id,
+                    active_sessions: shared.active_sessions(),
+                }),
         };
         let register = link.request::<_, RegisterResult>(
             Method::ExecutorRegister,

@@ -819,7 +819,8 @@ impl ProcessActor {
         };
         let status = state.status.subscribe();
         let slots = state.read_slots.clone();
-        tokio::spawn(read_task(buf, status, slots, p, max, reply));
+        let shared = state.shared.clone();
+        tokio::spawn(read_task(buf, status, slots, p, max, reply, shared));
     }
 }
 
@@ -830,6 +831,7 @@ async fn read_task(
     p: ProcessReadParams,
     max: usize,
     reply: Responder,
+    shared: Arc<Shared>,
 ) {
     let mut end_rx = buf.end.subscribe();
     // The poll's clock starts with the task.
@@ -896,6 +898,11 @@ async fn read_task(
                         ended_at: snapshot.ended_at,
                         reason: snapshot.reason,
                     };
+                    let stream = match p.stream {
+                        Stream::Stdout => "stdout",
+                        Stream::Stderr => "stderr",
+                    };
+                    shared.metrics.read_answered(stream, data.len(), span.gap);
                     return reply.ok_sized(&answer, data.len());
                 }
             }

@@ -311,6 +311,7 @@ impl SessionState {
 
     fn deliver_result(&mut self, myself: &ActorRef<SessionMsg>, result: ToolResultParams) {
         let id = result.tool_call_id.clone();
+        self.shared.metrics.tool_result(&result);
         if let Err(e) = self.results.push(id.clone(), result.clone()) {
             tracing::error!(tool_call = %id, error = %e, "tool.result cannot be kept");
         }
@@ -1112,6 +1113,9 @@ impl Session {
             let undelivered: Vec<&String> = state.results.outbox().keys().collect();
             tracing::error!(session = %state.id, ?undelivered, "tool.result never acknowledged; giving up as the session ends");
         }
+        // The session is over: the harness takes none of its frames now.
+        state.results.journal_forget_session(&state.id);
+        state.events.journal_forget_session(&state.id);
         // The sessions actor learns why before it sees the exit.
         if let Some(sessions) = state.shared.sessions_actor() {
             let _ = sessions.send_message(SessionsMsg::Ending {
@@ -1169,6 +1173,8 @@ impl Actor for Session {
                 },
             );
         }
+        let journal = args.shared.journal.clone();
+        let (sid_r, sid_e) = (p.session_id.clone(), p.session_id.clone());
         let mut state = SessionState {
             scope: session_scope(&args.shared.instance, &p.session_id),
             shared: args.shared,
@@ -1179,7 +1185,10 @@ impl Actor for Session {
             processes: HashMap::new(),
             tools: HashMap::new(),
             children,
-            results: Delivery::new(Method::ToolResult, false, TOOL_RESULTS_MAX, connected),
+            results: Delivery::new(Method::ToolResult, false, TOOL_RESULTS_MAX, connected)
+                .journaled(journal.clone(), move |k: &String| {
+                    (sid_r.clone(), k.clone())
+                }),
             ready: Delivery::new(Method::SessionReady, false, 1, connected),
             read_slots: Arc::new(Semaphore::new(reads)),
             stopping: false,
@@ -1194,7 +1203,10 @@ impl Actor for Session {
             turn_order: std::collections::VecDeque::new(),
             acp_session: None,
             always: Default::default(),
-            events: Delivery::new(Method::SessionEvent, false, EVENTS_MAX, connected),
+            events: Delivery::new(Method::SessionEvent, false, EVENTS_MAX, connected)
+                .journaled(journal, move |s: &u64| {
+                    (sid_e.clone(), crate::executor::journal::sequence_key(*s))
+                }),
             next_sequence: 1,
         };
         state.status(SessionStatus::Starting, None);

@@ -3,6 +3,12 @@
 //! while the connection is down, and delivers `session.ended` until the
 //! harness acknowledges it.
 //!
+//! After a restart it also delivers what the previous run's journal kept
+//! ([`crate::executor::journal`]): the tool results and session events
+//! first, then each of those sessions' `session.ended` (the journaled one,
+//! or `executor_restarted`), so the harness gets the results before the
+//! session ends.
+//!
 //! Session actors are `temporary` children: a crashed session is ended,
 //! its processes killed, and reported with reason `internal_error`; it is
 //! never silently recreated.
@@ -14,7 +20,9 @@ use crate::executor::Shared;
 use crate::lease::{AssignDecision, LeaseClock, SessionFence};
 use crate::supervisor::dynamic::{self, ChildExit, DynamicMsg, DynamicSpec, DynamicSupervisor};
 use crate::supervisor::{ChildSpec, Exit};
-use crate::wire::types::{AssignParams, AssignResult, EndReason, EndedParams};
+use crate::wire::types::{
+    AssignParams, AssignResult, EndReason, EndedParams, SessionEventParams, ToolResultParams,
+};
 use crate::wire::{Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use std::collections::HashMap;
@@ -50,6 +58,10 @@ pub enum SessionsMsg {
     Exited(ChildExit),
     /// `session.ended` delivery.
     Ended(OutboxEvent<String>),
+    /// Delivery of a previous run's journaled tool results.
+    RecoveredResults(OutboxEvent<(String, String)>),
+    /// Delivery of a previous run's journaled session events.
+    RecoveredEvents(OutboxEvent<(String, u64)>),
     /// Test hook: panic in the handler (a crash the tests inject).
     #[doc(hidden)]
     Panic,
@@ -79,6 +91,54 @@ pub struct SessionsState {
     /// `session.ended` kept until the harness acknowledges it.
     ended: Delivery<String, EndedParams>,
     drain: Option<ActorRef<ConnMsg>>,
+    recovered: Recovered,
+}
+
+/// What a previous run of this work root left in the journal, being
+/// delivered. An RPC error answer counts as delivered (the harness has
+/// ended the session, or has the item): logged, then forgotten.
+struct Recovered {
+    results: Delivery<(String, String), ToolResultParams>,
+    events: Delivery<(String, u64), SessionEventParams>,
+    /// Each recovered session's `session.ended`, held until its results
+    /// and events are acknowledged.
+    held: HashMap<String, EndedParams>,
+}
+
+impl Recovered {
+    fn new(shared: &Shared, connected: bool) -> Recovered {
+        let j = shared.journal.clone();
+        Recovered {
+            results: Delivery::new(Method::ToolResult, true, ENDED_MAX, connected)
+                .journaled(j.clone(), |k: &(String, String)| k.clone()),
+            events: Delivery::new(Method::SessionEvent, true, ENDED_MAX, connected)
+                .journaled(j, |k: &(String, u64)| {
+                    (k.0.clone(), crate::executor::journal::sequence_key(k.1))
+                }),
+            held: HashMap::new(),
+        }
+    }
+
+    /// Sessions whose results and events are all delivered: their
+    /// `session.ended` may go now.
+    fn release(&mut self) -> Vec<EndedParams> {
+        let busy: std::collections::HashSet<&String> = self
+            .results
+            .outbox()
+            .keys()
+            .map(|k| &k.0)
+            .chain(self.events.outbox().keys().map(|k| &k.0))
+            .collect();
+        let done: Vec<String> = self
+            .held
+            .keys()
+            .filter(|s| !busy.contains(s))
+            .cloned()
+            .collect();
+        done.into_iter()
+            .filter_map(|s| self.held.remove(&s))
+            .collect()
+    }
 }
 
 const RETIRED_MAX: usize = 65_536;
@@ -223,6 +283,106 @@ impl Sessions {
     }
 }
 
+impl Sessions {
+    /// Send the `session.ended` of every recovered session that has
+    /// nothing left to deliver.
+    fn release_recovered(&self, myself: &ActorRef<SessionsMsg>, state: &mut SessionsState) {
+        let released = state.recovered.release();
+        if released.is_empty() {
+            return;
+        }
+        for params in released {
+            let session_id = params.session_id.clone();
+            if let Err(e) = state.ended.push(session_id.clone(), params) {
+                tracing::error!(session = %session_id, error = %e, "session.ended cannot be kept");
+            }
+        }
+        state.ended.pump(&state.shared, myself, SessionsMsg::Ended);
+    }
+}
+
+/// Read back what a previous run of this work root left in the journal
+/// (once per process: a restart of this actor finds nothing), and kill
+/// what that run left running if it is dead.
+async fn recover(shared: &Arc<Shared>, into: &mut Recovered) {
+    let Some(journal) = shared.journal.clone() else {
+        return;
+    };
+    let entries = journal.take_recovered();
+    let previous = journal.previous().clone();
+    // The previous run's processes (sessions, terminals) outlived it only
+    // if it died without its shutdown sweep (SIGKILL): they carry its tag.
+    if let (Some(instance), Some(pid)) = (previous.instance, previous.pid) {
+        let gone = pid as u32 == std::process::id()
+            || !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| !c.windows(3).any(|w| w == b"bmx"))
+                .unwrap_or(true);
+        if gone && instance != shared.instance {
+            let scope = format!("{instance}/");
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::process::sys::kill_scope(None, &scope);
+            })
+            .await;
+        }
+    }
+    if entries.is_empty() {
+        return;
+    }
+    let mut sessions = std::collections::BTreeSet::new();
+    for e in entries {
+        sessions.insert(e.session_id.clone());
+        let restored = match e.method {
+            Method::ToolResult => serde_json::from_slice::<ToolResultParams>(&e.body)
+                .map_err(|x| x.to_string())
+                .and_then(|v| {
+                    into.results
+                        .restore((e.session_id.clone(), e.key.clone()), v)
+                        .map_err(|x| x.to_string())
+                }),
+            Method::SessionEvent => serde_json::from_slice::<SessionEventParams>(&e.body)
+                .map_err(|x| x.to_string())
+                .and_then(|v| {
+                    into.events
+                        .restore((e.session_id.clone(), v.sequence), v)
+                        .map_err(|x| x.to_string())
+                }),
+            Method::SessionEnded => serde_json::from_slice::<EndedParams>(&e.body)
+                .map(|v| {
+                    into.held.insert(e.session_id.clone(), v);
+                })
+                .map_err(|x| x.to_string()),
+            _ => Ok(()),
+        };
+        if let Err(why) = restored {
+            tracing::error!(method = e.method.as_str(), session = %e.session_id, key = %e.key, error = %why,
+                "journal: an entry cannot be read back; dropped");
+            if let Err(x) = journal.remove(e.method, &e.session_id, &e.key) {
+                tracing::warn!(error = %x, "journal: cannot drop the entry");
+            }
+        }
+    }
+    // Those sessions died with the previous run: each ends once its
+    // results are delivered (its workspace goes with it).
+    for s in &sessions {
+        into.held.entry(s.clone()).or_insert_with(|| EndedParams {
+            session_id: s.clone(),
+            reason: crate::executor::journal::EXECUTOR_RESTARTED.to_owned(),
+        });
+        if shared.config.workspace.is_none() {
+            let _ =
+                std::fs::remove_dir_all(super::session::workspace_dir(&shared.config.work_root, s));
+        }
+    }
+    tracing::info!(
+        sessions = sessions.len(),
+        results = into.results.outbox().len(),
+        events = into.events.outbox().len(),
+        "journal: delivering what the previous run owed"
+    );
+    journal.set_recovering(sessions);
+}
+
 impl Actor for Sessions {
     type Msg = SessionsMsg;
     type State = SessionsState;
@@ -245,7 +405,12 @@ impl Actor for Sessions {
         // tag, remove its workspace, report `internal_error`.
         let orphaned: Vec<String> = shared.sessions.iter().map(|e| e.key().clone()).collect();
         let connected = shared.link().is_some();
-        let mut ended = Delivery::new(Method::SessionEnded, true, ENDED_MAX, connected);
+        let mut ended = Delivery::new(Method::SessionEnded, true, ENDED_MAX, connected)
+            .journaled(shared.journal.clone(), |s: &String| {
+                (s.clone(), String::new())
+            });
+        let mut recovered = Recovered::new(&shared, connected);
+        recover(&shared, &mut recovered).await;
         for session_id in orphaned {
             shared.sessions.remove(&session_id);
             let prefix = crate::executor::runtime::process_key(&session_id, "");
@@ -267,7 +432,16 @@ impl Actor for Sessions {
             };
             let _ = ended.push(session_id, params);
         }
+        for params in recovered.release() {
+            let _ = ended.push(params.session_id.clone(), params);
+        }
         ended.pump(&shared, &myself, SessionsMsg::Ended);
+        recovered
+            .results
+            .pump(&shared, &myself, SessionsMsg::RecoveredResults);
+        recovered
+            .events
+            .pump(&shared, &myself, SessionsMsg::RecoveredEvents);
         Ok(SessionsState {
             shared,
             sup,
@@ -279,6 +453,7 @@ impl Actor for Sessions {
             connected,
             ended,
             drain: None,
+            recovered,
         })
     }
 
@@ -313,6 +488,13 @@ impl Actor for Sessions {
                 state.connected = true;
                 state.ended.connected();
                 state.ended.pump(&state.shared, &myself, SessionsMsg::Ended);
+                let r = &mut state.recovered;
+                r.results.connected();
+                r.results
+                    .pump(&state.shared, &myself, SessionsMsg::RecoveredResults);
+                r.events.connected();
+                r.events
+                    .pump(&state.shared, &myself, SessionsMsg::RecoveredEvents);
                 if let Some(t) = state.shared.terminals_actor() {
                     let _ = t.send_message(
                         crate::executor::actors::terminals::TerminalsMsg::Reconnected,
@@ -332,6 +514,8 @@ impl Actor for Sessions {
                 let now = state.now();
                 state.connected = false;
                 state.ended.disconnected();
+                state.recovered.results.disconnected();
+                state.recovered.events.disconnected();
                 for e in state.sessions.values() {
                     let _ = e.actor.send_message(SessionMsg::Disconnected);
                 }
@@ -370,10 +554,41 @@ impl Actor for Sessions {
             SessionsMsg::Exited(exit) => self.session_exited(&myself, state, exit),
             SessionsMsg::Panic => panic!("injected panic (test hook)"),
             SessionsMsg::Ended(event) => {
+                if let (OutboxEvent::Acked(s), Some(j)) = (&event, &state.shared.journal) {
+                    j.recovered_session_done(s);
+                }
                 state
                     .ended
                     .on_event(event, &state.shared, &myself, SessionsMsg::Ended);
                 state.check_drained();
+            }
+            SessionsMsg::RecoveredResults(event) => {
+                state.recovered.results.on_event(
+                    event,
+                    &state.shared,
+                    &myself,
+                    SessionsMsg::RecoveredResults,
+                );
+                self.release_recovered(&myself, state);
+            }
+            SessionsMsg::RecoveredEvents(event) => {
+                // The harness wants another sequence first: it has this
+                // one, or it lost earlier ones this journal no longer
+                // holds. Either way this entry is done.
+                let event = match event {
+                    OutboxEvent::Expected(k, expected) => {
+                        tracing::warn!(session = %k.0, sequence = k.1, expected, "recovered session.event refused; dropped");
+                        OutboxEvent::Acked(k)
+                    }
+                    other => other,
+                };
+                state.recovered.events.on_event(
+                    event,
+                    &state.shared,
+                    &myself,
+                    SessionsMsg::RecoveredEvents,
+                );
+                self.release_recovered(&myself, state);
             }
         }
         Ok(())
