@@ -64,6 +64,25 @@ async fn closed_by_server(s: &mut TcpStream, within: Duration) -> bool {
     tokio::time::timeout(within, read_to_end).await.is_ok()
 }
 
+/// `GET /v1/health` with the API token on an open keep-alive socket: the
+/// whole response (read until its body).
+async fn keep_alive_health(s: &mut TcpStream) -> String {
+    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer api-secret\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("\"ok\":true") {
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("a response")
+            .unwrap();
+        assert!(n > 0, "closed before the response");
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
 /// `GET /v1/health` with the API token on a fresh connection: the status.
 async fn health(h: &HarnessHandle) -> u16 {
     let (status, _) = harness_common::api(h)
@@ -106,22 +125,9 @@ async fn a_quiet_keep_alive_connection_is_closed_after_the_idle_timeout() {
     })
     .await;
     let mut s = TcpStream::connect(h.local_addr()).await.unwrap();
-    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer api-secret\r\n\r\n")
-        .await
-        .unwrap();
     // The response, then silence: the server closes (no `Connection:
     // close` was asked for).
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&got).contains("\"ok\":true") {
-        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
-            .await
-            .expect("a response")
-            .unwrap();
-        assert!(n > 0, "closed before the response");
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert!(keep_alive_health(&mut s).await.starts_with("HTTP/1.1 200"));
     assert!(
         closed_by_server(&mut s, PATIENCE).await,
         "an idle keep-alive connection is dropped"
@@ -168,17 +174,9 @@ async fn an_authenticated_connection_is_not_evicted() {
     })
     .await;
     let mut kept = TcpStream::connect(h.local_addr()).await.unwrap();
-    kept.write_all(
-        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer api-secret\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut buf = [0u8; 1024];
-    let n = tokio::time::timeout(PATIENCE, kept.read(&mut buf))
+    assert!(keep_alive_health(&mut kept)
         .await
-        .expect("a response")
-        .unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        .starts_with("HTTP/1.1 200"));
     let mut idle = Vec::new();
     for _ in 0..(CAP * 4) {
         idle.push(TcpStream::connect(h.local_addr()).await.unwrap());
@@ -188,16 +186,9 @@ async fn an_authenticated_connection_is_not_evicted() {
         "the cap is reached"
     );
     // The authenticated connection still serves.
-    kept.write_all(
-        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer api-secret\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let n = tokio::time::timeout(PATIENCE, kept.read(&mut buf))
+    assert!(keep_alive_health(&mut kept)
         .await
-        .expect("a second response")
-        .unwrap();
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        .starts_with("HTTP/1.1 200"));
     h.shutdown().await;
 }
 

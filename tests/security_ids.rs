@@ -12,7 +12,7 @@ mod support;
 
 use bmx::client::ApiClient;
 use bmx::wire::Method;
-use security_common::{forged_lines, Bmx};
+use security_common::{executor_behind_stand_in, forged_lines, Bmx};
 use serde_json::json;
 
 const FORGED: &str = "FORGED";
@@ -20,16 +20,8 @@ const HOSTILE: &str = "s\nFORGED ERROR bmx: the attacker wrote this line";
 
 #[tokio::test]
 async fn the_executor_refuses_hostile_ids_and_logs_no_forged_line() {
-    let mut harness = support::stand_in(support::Options::default()).await;
-    let work = tempfile::tempdir().unwrap();
-    let work_root = work.path().to_str().unwrap().to_owned();
-    let executor = Bmx::spawn(
-        &["executor", "--url", &harness.url, "--work-root", &work_root],
-        &[("BMX_TOKEN", support::TOKEN)],
-        "trace",
-    );
-    let mut conn = harness.next_conn().await;
-    conn.register(10_000, 30_000).await;
+    let (executor, _harness, conn, _work) =
+        executor_behind_stand_in(&[], &[("BMX_TOKEN", support::TOKEN)], "trace").await;
 
     let mut assign = serde_json::to_value(support::assign_params("ok-1", 1)).unwrap();
     assign["sessionId"] = json!(HOSTILE);

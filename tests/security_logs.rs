@@ -10,6 +10,7 @@
 //! payloads.
 
 mod security_common;
+mod support;
 
 use bmx::client::{ApiClient, AttachOptions};
 use futures_util::StreamExt;

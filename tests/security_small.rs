@@ -21,9 +21,11 @@ use std::time::Duration;
 
 /// Descriptor numbers in an `ls /proc/$$/fd` listing.
 fn fds(listing: &str) -> Vec<u32> {
+    // Only lines that are a number: the bash tool's result has a
+    // `stdout:` header and an exit line around the listing.
     listing
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
         .collect()
 }
 
@@ -104,7 +106,7 @@ async fn children_inherit_only_stdin_stdout_and_stderr() {
     assert!(a.accepted);
     let r = event(&mut events, "tool.result", |v| v["toolCallId"] == "fds").await;
     let text = result_text(&r);
-    let seen = fds(text.lines().next().unwrap_or(""));
+    let seen = fds(&text);
     assert!(!seen.is_empty(), "{text}");
     assert!(
         seen.iter().all(|fd| *fd <= 2),

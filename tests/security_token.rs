@@ -15,7 +15,7 @@ mod support;
 
 use bmx::wire::types::Accepted;
 use bmx::wire::Method;
-use security_common::{event, result_text, Bmx};
+use security_common::{event, executor_behind_stand_in, result_text};
 use serde_json::json;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -28,24 +28,12 @@ fn proc_file(pid: i32, name: &str) -> String {
 
 #[tokio::test]
 async fn the_token_is_in_neither_environ_nor_cmdline() {
-    let mut harness = support::stand_in(support::Options::default()).await;
-    let work = tempfile::tempdir().unwrap();
-    let work_root = work.path().to_str().unwrap().to_owned();
-    let executor = Bmx::spawn(
-        &[
-            "executor",
-            "--url",
-            &harness.url,
-            "--token",
-            support::TOKEN,
-            "--work-root",
-            &work_root,
-        ],
+    let (executor, _harness, conn, _work) = executor_behind_stand_in(
+        &["--token", support::TOKEN],
         &[("BMX_TOKEN", ENV_SECRET)],
         "info",
-    );
-    let mut conn = harness.next_conn().await;
-    conn.register(10_000, 30_000).await;
+    )
+    .await;
     let pid = executor.pid();
 
     // The test, a process of the same uid.
@@ -62,7 +50,15 @@ async fn the_token_is_in_neither_environ_nor_cmdline() {
             "{secret} in cmdline: {cmdline:?}"
         );
     }
-    assert!(!environ.contains("BMX_TOKEN="), "the variable is gone");
+    // The entry stays in the area the kernel shows, its value starred.
+    let entry = environ
+        .split('\0')
+        .find(|e| e.starts_with("BMX_TOKEN="))
+        .expect("the original entry");
+    assert!(
+        entry["BMX_TOKEN=".len()..].bytes().all(|b| b == b'*'),
+        "{entry}"
+    );
 
     // Code in a session: its bash tool call reads its parent's files.
     let (served, mut events) = conn.serve();

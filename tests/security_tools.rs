@@ -12,7 +12,7 @@ mod support;
 
 use bmx::wire::types::Accepted;
 use bmx::wire::Method;
-use security_common::{event, result_text, Bmx};
+use security_common::{event, executor_behind_stand_in, result_text, Bmx};
 use serde_json::json;
 use std::io::Write;
 
@@ -40,20 +40,13 @@ fn peak_kib(pid: i32) -> u64 {
 /// An executor with session `s1` whose workspace holds the giant file.
 async fn executor_with_giant_file() -> (
     Bmx,
+    support::StandIn,
     support::Served,
     tokio::sync::mpsc::UnboundedReceiver<(String, serde_json::Value)>,
     tempfile::TempDir,
 ) {
-    let mut harness = support::stand_in(support::Options::default()).await;
-    let work = tempfile::tempdir().unwrap();
-    let work_root = work.path().to_str().unwrap().to_owned();
-    let executor = Bmx::spawn(
-        &["executor", "--url", &harness.url, "--work-root", &work_root],
-        &[("BMX_TOKEN", support::TOKEN)],
-        "warn",
-    );
-    let mut conn = harness.next_conn().await;
-    conn.register(10_000, 30_000).await;
+    let (executor, harness, conn, work) =
+        executor_behind_stand_in(&[], &[("BMX_TOKEN", support::TOKEN)], "warn").await;
     let (served, events) = conn.serve();
     let _: serde_json::Value = served
         .call(Method::SessionAssign, &support::assign_params("s1", 1))
@@ -63,10 +56,7 @@ async fn executor_with_giant_file() -> (
     let ws = work.path().join("sessions").join("s1");
     support::eventually("the workspace exists", || ws.is_dir()).await;
     giant_file(&ws);
-    // The stand-in task lives on in the background; its harness handle
-    // is not needed past the connection.
-    std::mem::forget(harness);
-    (executor, served, events, work)
+    (executor, harness, served, events, work)
 }
 
 async fn tool(
@@ -89,7 +79,7 @@ async fn tool(
 
 #[tokio::test]
 async fn grep_a_giant_line_costs_a_bounded_amount_of_memory() {
-    let (executor, served, mut events, _work) = executor_with_giant_file().await;
+    let (executor, _harness, served, mut events, _work) = executor_with_giant_file().await;
     let r = tool(
         &served,
         &mut events,
@@ -122,7 +112,7 @@ async fn grep_a_giant_line_costs_a_bounded_amount_of_memory() {
 
 #[tokio::test]
 async fn sigterm_ends_the_executor_while_a_tool_is_busy() {
-    let (executor, served, _events, _work) = executor_with_giant_file().await;
+    let (executor, _harness, served, _events, _work) = executor_with_giant_file().await;
     // A pattern that must scan every byte, again and again.
     for i in 0..4 {
         let a: Accepted = served

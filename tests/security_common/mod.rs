@@ -123,3 +123,27 @@ pub fn result_text(v: &serde_json::Value) -> String {
         .filter_map(|c| c["text"].as_str())
         .collect()
 }
+
+/// The real executor binary (`bmx executor --url … --work-root … EXTRA`)
+/// behind an in-process stand-in harness, registered. The stand-in must
+/// outlive the test's use of the connection.
+pub async fn executor_behind_stand_in(
+    extra: &[&str],
+    envs: &[(&str, &str)],
+    rust_log: &str,
+) -> (
+    Bmx,
+    crate::support::StandIn,
+    crate::support::Conn,
+    tempfile::TempDir,
+) {
+    let mut harness = crate::support::stand_in(crate::support::Options::default()).await;
+    let work = tempfile::tempdir().unwrap();
+    let work_root = work.path().to_str().unwrap().to_owned();
+    let mut args = vec!["executor", "--url", &harness.url, "--work-root", &work_root];
+    args.extend_from_slice(extra);
+    let executor = Bmx::spawn(&args, envs, rust_log);
+    let mut conn = harness.next_conn().await;
+    conn.register(10_000, 30_000).await;
+    (executor, harness, conn, work)
+}
