@@ -11,6 +11,7 @@ pub mod executor;
 pub mod harness;
 pub mod json;
 pub mod run;
+pub mod scrub;
 pub mod status;
 pub mod targets;
 pub mod visor;
@@ -81,6 +82,11 @@ pub enum Command {
     Status(status::StatusArgs),
 }
 
+/// Log targets of dependencies that print headers or frame payloads at
+/// trace level (capped at debug by [`init_tracing`]).
+pub const SECRET_PRINTING_TARGETS: [&str; 4] =
+    ["tungstenite", "tokio_tungstenite", "reqwest", "hyper_util"];
+
 /// Install the tracing subscriber: stderr, `RUST_LOG`-style filter
 /// (default `info`, `warn` for benchmarks). Escape codes only reach a
 /// terminal: a file or a pipe gets plain text (or JSON).
@@ -88,18 +94,24 @@ pub fn init_tracing(default: &str, format: LogFormat) {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // tungstenite logs the raw handshake request at trace, bearer token
-    // included: never below debug, whatever RUST_LOG says (secrets never
-    // reach a log; tests/runner_enroll.rs checks at RUST_LOG=trace).
-    // Only when trace is on somewhere: the directive would otherwise turn
-    // the handshake's debug lines on at the default level.
+    // Dependencies that print credentials at trace: tungstenite logs the
+    // raw handshake (`authorization: Bearer …`, relay tickets in the path)
+    // and every frame's payload (an `executor.token_refresh` token).
+    // Never below debug, whatever RUST_LOG says (secrets never reach a
+    // log; tests/security_logs.rs greps a whole run at RUST_LOG=trace).
+    // Only when trace is on somewhere: the directives would otherwise turn
+    // their debug lines on at the default level.
     let tracing_on = filter
         .max_level_hint()
         .is_none_or(|l| l == tracing_subscriber::filter::LevelFilter::TRACE);
-    let filter = match "tungstenite::handshake=debug".parse() {
-        Ok(d) if tracing_on => filter.add_directive(d),
-        _ => filter,
-    };
+    let mut filter = filter;
+    if tracing_on {
+        for target in SECRET_PRINTING_TARGETS {
+            if let Ok(d) = format!("{target}=debug").parse() {
+                filter = filter.add_directive(d);
+            }
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -124,6 +136,25 @@ pub fn main() -> ExitCode {
         },
         cli.log_format,
     );
+    // The daemons hold credentials: out of their own /proc entries before
+    // any other thread exists (src/cli/scrub.rs).
+    if matches!(
+        cli.command,
+        Command::Executor(_) | Command::Harness(_) | Command::Up(_)
+    ) {
+        match scrub::scrub() {
+            Ok(done) => {
+                for flag in done.flags_on_command_line {
+                    tracing::warn!(
+                        flag,
+                        "a secret given on the command line is visible to every local user until \
+                         it is scrubbed; prefer --token-file or the environment"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not scrub secrets from /proc/self"),
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -134,7 +165,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         match cli.command {
             Command::Executor(args) => executor::run(args).await,
             Command::Harness(args) => harness::run_harness(args).await,
@@ -152,5 +183,14 @@ pub fn main() -> ExitCode {
             Command::Env(cmd) => env::run(cmd).await,
             Command::Status(args) => status::run(args).await,
         }
-    })
+    });
+    // Dropping a runtime waits for every blocking task: one tool thread
+    // still busy (a cancelled grep between its checks) would hold the
+    // exit after SIGTERM (issue 18, finding 5). Everything that matters
+    // has been stopped by now; what is left is abandoned.
+    runtime.shutdown_timeout(BLOCKING_GRACE);
+    code
 }
+
+/// How long the exit waits for blocking threads still running.
+const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

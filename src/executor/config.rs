@@ -8,12 +8,22 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Where the executor's bearer token comes from.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub enum TokenSource {
     /// A fixed token (`--token`, `BMX_TOKEN`).
     Static(String),
     /// A file re-read on every (re)connect and after close 4010 (`--token-file`).
     File(PathBuf),
+}
+
+/// The token never prints (issue 18, finding 7): `Static(***)`.
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenSource::Static(_) => f.write_str("Static(***)"),
+            TokenSource::File(p) => f.debug_tuple("File").field(p).finish(),
+        }
+    }
 }
 
 impl TokenSource {

@@ -32,7 +32,7 @@ pub struct HarnessConfig {
     /// and how long an orphaned lease waits for its executor.
     pub lease_ttl_ms: u64,
     /// Bearer token the HTTP API requires (`None`: no API auth).
-    pub api_token: Option<String>,
+    pub api_token: Option<crate::wire::Secret>,
     /// Allow an unauthenticated API on a non-loopback address.
     pub allow_open_api: bool,
     pub max_control_frame_bytes: usize,
@@ -101,6 +101,46 @@ pub struct HarnessConfig {
     pub enrollment_ttl: Duration,
     /// `pollIntervalMs` of an enrollment; faster polls get `slow_down`.
     pub enrollment_poll_interval: Duration,
+    /// Connection limits of the TCP listener (docs/security.md, issue 18
+    /// finding 4): what an unauthenticated peer can hold.
+    pub connections: ConnectionLimits,
+}
+
+/// What a peer may hold on the harness's TCP listener before it has shown
+/// a credential: without these, idle and half-sent-header sockets were
+/// kept forever and a few hundred of them starved `/v1/health`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A request head must be complete within this of the connection being
+    /// ready for one: from accept, and from the end of the previous
+    /// response on a keep-alive connection (hyper's clock). Bounds slow
+    /// and half-sent headers; 431 is not sent, the socket is closed.
+    pub header_read_timeout: Duration,
+    /// A keep-alive connection with no request in flight is closed after
+    /// this much quiet following its last response. Effective only when
+    /// shorter than `header_read_timeout`, whose clock also runs then.
+    pub idle_timeout: Duration,
+    /// Connections that have not yet authenticated (no request with a valid
+    /// API token or executor credential; with no `--api-token`, no
+    /// complete request), at most. Accepting one more closes the oldest of
+    /// them at once, so idle sockets cannot keep a new client out.
+    pub max_unauthenticated: usize,
+    /// An executor's WebSocket handshake (the raw upgrade on the Unix
+    /// socket) must complete within this, and its `executor.register`
+    /// must arrive within this of the upgrade (or the lease TTL, if
+    /// shorter): else 4008.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(5),
+            max_unauthenticated: 512,
+            handshake_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for HarnessConfig {
@@ -139,6 +179,7 @@ impl Default for HarnessConfig {
             turns_max_sessions: 8192,
             enrollment_ttl: Duration::from_secs(900),
             enrollment_poll_interval: Duration::from_secs(5),
+            connections: ConnectionLimits::default(),
         }
     }
 }

@@ -66,6 +66,11 @@ impl ApiError {
         Self::rpc(RpcError::invalid_params(detail))
     }
 
+    /// An id that breaks the id rule (docs/protocol.md, "Ids").
+    pub fn invalid_id(e: crate::wire::id::IdError) -> Self {
+        Self::rpc(RpcError::invalid_params(e.to_string()).with_reason("invalid_id"))
+    }
+
     pub fn unknown_session(session_id: &str) -> Self {
         Self::rpc(RpcError::session_not_active(session_id).with_reason("unknown_session"))
     }

@@ -59,7 +59,7 @@ pub use api::turns::{
     CancelTurn, EventStream, InteractionAnswer, MoreInput, StartTurn, StreamItem, TurnInput,
     TurnStarted,
 };
-pub use config::{Authenticator, EventCallback, HarnessConfig};
+pub use config::{Authenticator, ConnectionLimits, EventCallback, HarnessConfig};
 pub use error::ApiError;
 pub use interactions::{InteractionState, InteractionView};
 pub use types::{ExecutorView, HarnessEvent, SessionInfo, SessionState};
@@ -164,7 +164,7 @@ impl HarnessBuilder {
     }
 
     pub fn api_token(mut self, token: Option<String>) -> Self {
-        self.config.api_token = token.filter(|t| !t.is_empty());
+        self.config.api_token = token.filter(|t| !t.is_empty()).map(Into::into);
         self
     }
 
@@ -250,18 +250,16 @@ impl HarnessBuilder {
             }
             tokens.get(token).cloned()
         });
-        let listener = tokio::net::TcpListener::bind(config.listen)
+        let tcp = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| HarnessError::Listen {
                 addr: config.listen.to_string(),
                 source,
             })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| HarnessError::Listen {
-                addr: config.listen.to_string(),
-                source,
-            })?;
+        let addr = tcp.local_addr().map_err(|source| HarnessError::Listen {
+            addr: config.listen.to_string(),
+            source,
+        })?;
         let relay_base = http::relay::relay_base(config.public_url.as_deref(), addr)
             .map_err(HarnessError::PublicUrl)?;
         let store = self
@@ -308,22 +306,14 @@ impl HarnessBuilder {
         };
         let router = http::router(shared.clone());
         let stop = shared.shutdown.clone();
-        let server = tokio::spawn(async move {
-            // No Nagle: small frames to executors (a tool call, an MCP
-            // message) would otherwise wait for the peer's delayed ACK
-            // (40 ms on Linux) whenever an earlier one is unacknowledged.
-            use axum::serve::ListenerExt;
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "TCP_NODELAY");
-                }
-            });
-            let serve = axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "the HTTP server failed");
-            }
-        });
+        let gate = listener::Gate::new(shared.config.connections.max_unauthenticated);
+        let server = tokio::spawn(listener::serve_tcp(
+            tcp,
+            router,
+            gate,
+            shared.config.connections,
+            stop,
+        ));
         tracing::info!(%addr, "harness listening");
         Ok(HarnessHandle {
             shared,

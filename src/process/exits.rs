@@ -40,6 +40,7 @@ pub type Exit = oneshot::Receiver<ExitStatus>;
 /// Spawn `cmd` (its descriptors are set up by the caller) and watch its exit.
 pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<(u32, Exit)> {
     let wake = watcher()?;
+    super::sys::inherit_only_stdio(cmd);
     let (tx, rx) = oneshot::channel();
     let pid = super::sys::spawn_owned(|| {
         let child = cmd.spawn()?;

@@ -578,8 +578,9 @@ pub fn attach_pty(
     cmd.stdin(Stdio::from(slave.try_clone()?))
         .stdout(Stdio::from(slave.try_clone()?))
         .stderr(Stdio::from(slave));
-    // SAFETY: only async-signal-safe calls (setsid, ioctl) between fork and
-    // exec: a new session whose controlling terminal is the PTY on fd 0.
+    // SAFETY: only async-signal-safe calls (setsid, ioctl, fcntl) between
+    // fork and exec: a new session whose controlling terminal is the PTY on
+    // fd 0, and no other inherited descriptor.
     unsafe {
         cmd.pre_exec(|| {
             if libc::setsid() < 0 {
@@ -588,11 +589,63 @@ pub fn attach_pty(
             if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            Ok(())
+            cloexec_above_stderr()
         });
     }
     set_nonblocking(&master)?;
     Ok(master)
+}
+
+/// In a forked child, between fork and exec: mark every descriptor above 2
+/// close-on-exec, so a child inherits only its stdin, stdout and stderr
+/// (issue 18, finding 9). Descriptors the executor opened without
+/// `O_CLOEXEC` (a library's, or one inherited from whoever started the
+/// executor) would otherwise reach every process, terminal and tool.
+///
+/// Close-on-exec rather than closed: std's exec-error pipe is one of them,
+/// and must stay open until the exec itself. `close_range(3, ~0,
+/// CLOSE_RANGE_CLOEXEC)` where the kernel has it (Linux 5.11); else one
+/// `fcntl` per possible descriptor below `RLIMIT_NOFILE` (at most 65 536).
+/// Async-signal-safe: raw system calls only, no allocation.
+pub fn cloexec_above_stderr() -> std::io::Result<()> {
+    // SAFETY: system calls on integers only.
+    unsafe {
+        let r = libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        if r == 0 {
+            return Ok(());
+        }
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur.min(65_536) as i32
+        } else {
+            4096
+        };
+        for fd in 3..max {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Make `cmd`'s child inherit no descriptor above 2
+/// ([`cloexec_above_stderr`]).
+pub fn inherit_only_stdio(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only makes async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(cloexec_above_stderr);
+    }
 }
 
 /// Watch an owned descriptor for readiness in the tokio reactor.

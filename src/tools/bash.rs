@@ -212,6 +212,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
         .envs(env)
         .process_group(0)
         .kill_on_drop(true);
+    crate::process::sys::inherit_only_stdio(command.as_std_mut());
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {

@@ -7,7 +7,7 @@
 //! still searched; matched lines are shown lossily. Results stream through a
 //! [`HeadTail`], so a pattern that matches everything costs bounded memory.
 
-use std::io::{self, BufRead, BufReader, Read};
+use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use regex::bytes::{Regex, RegexBuilder};
@@ -24,6 +24,11 @@ use super::{boundary, parse_input, run_blocking, Tool, ToolContext, ToolOutput};
 
 /// Longest line text shown per match; minified files have megabyte lines.
 const MAX_LINE_BYTES: usize = 2000;
+/// Bytes of one line the pattern is matched against: a longer line (a
+/// 1.5 GB minified file) is matched on its head and the rest is read and
+/// dropped, so one line costs at most this much memory (issue 18,
+/// finding 5) and the read of the rest stays cancellable.
+const MAX_MATCHED_LINE: usize = 1 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -63,6 +68,7 @@ struct Search<'a> {
     shown: String,
     collected: &'a mut HeadTail,
     matches: &'a mut u64,
+    cancel: &'a CancellationToken,
 }
 
 impl Search<'_> {
@@ -84,10 +90,19 @@ impl Search<'_> {
         let mut number: u64 = 0;
         loop {
             line.clear();
-            if reader.read_until(b'\n', &mut line)? == 0 {
-                return Ok(());
+            match super::read::read_line_capped(
+                &mut reader,
+                &mut line,
+                MAX_MATCHED_LINE,
+                self.cancel,
+            )? {
+                Some(0) | None => return Ok(()),
+                Some(_) => {}
             }
             number += 1;
+            if number.is_multiple_of(4096) && self.cancel.is_cancelled() {
+                return Ok(());
+            }
             while matches!(line.last(), Some(b'\n' | b'\r')) {
                 line.pop();
             }
@@ -163,10 +178,14 @@ fn grep_files(
             shown: boundary::display(workspace, path),
             collected: &mut collected,
             matches: &mut matches,
+            cancel,
         };
         // A file that vanished or cannot be read mid-walk is not the
         // caller's error; its partial matches stay.
         let _ = search.file(path);
+    }
+    if cancel.is_cancelled() {
+        return ToolOutput::canceled("canceled");
     }
     if matches == 0 {
         return ToolOutput::success("No matches found");

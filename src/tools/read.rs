@@ -198,7 +198,7 @@ fn read_file(
 /// `cap` bytes of it; the rest is read and dropped. Returns the line's
 /// whole length (0 at the end of the file), `None` if `cancel` fired
 /// while a giant line was being skipped.
-fn read_line_capped(
+pub(super) fn read_line_capped(
     reader: &mut impl BufRead,
     line: &mut Vec<u8>,
     cap: usize,

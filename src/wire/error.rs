@@ -187,6 +187,15 @@ impl RpcError {
         Self::new(ErrorCode::InvalidRequest, message).with_reason(reason)
     }
 
+    /// A notification method sent as a request (with an id): refused
+    /// -32600 instead of being handled and its responder dropped (-32603).
+    pub fn notification_as_request(method: &str) -> Self {
+        Self::invalid_request(
+            "notification_as_request",
+            format!("{method} is a notification: send it without an id"),
+        )
+    }
+
     pub fn not_registered() -> Self {
         Self::invalid_request("not_registered", "executor.register must come first")
     }

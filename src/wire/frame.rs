@@ -240,8 +240,17 @@ impl Inbound {
     }
 
     /// Decode `params` into the method's type. A missing `params` is an
-    /// empty object. Failure is -32602 with the decoder's message.
+    /// empty object. Failure is -32602 with the decoder's message; so is an
+    /// id field (`sessionId`, `processId`, ...) that breaks the id rule
+    /// ([`super::id`]), whatever the method.
     pub fn params<P: DeserializeOwned>(&self) -> Result<P, RpcError> {
+        if let Ok(WithParams { params: Some(ids) }) = self
+            .codec
+            .decode::<WithParams<super::id::IdFields>>(&self.bytes)
+        {
+            ids.check()
+                .map_err(|e| RpcError::invalid_params(e.to_string()).with_reason("invalid_id"))?;
+        }
         let decoded: Result<WithParams<P>, _> = self.codec.decode(&self.bytes);
         match decoded {
             Ok(WithParams { params: Some(p) }) => Ok(p),

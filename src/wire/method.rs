@@ -189,6 +189,11 @@ impl Method {
         )
     }
 
+    /// Whether the table makes it a notification (sent without an id).
+    pub fn is_notification(self) -> bool {
+        matches!(self.spec().kind, Kind::Notification)
+    }
+
     /// Whether a harness may receive it.
     pub fn harness_receives(self) -> bool {
         matches!(

@@ -6,11 +6,13 @@ pub mod blob;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod id;
 pub mod link;
 pub mod method;
 pub mod outbox;
 pub mod pending;
 pub mod request;
+pub mod secret;
 pub mod transport;
 pub mod types;
 
@@ -24,4 +26,5 @@ pub use link::{
 };
 pub use method::{Method, Owner, Version, METHODS};
 pub use request::Request;
+pub use secret::Secret;
 pub use transport::{Endpoint, Transport};

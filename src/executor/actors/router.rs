@@ -82,6 +82,9 @@ impl Dispatch for ExecutorRouter {
         if !method.executor_receives() || method.since() > self.version {
             return answer(reply, RpcError::method_not_found(method.as_str()));
         }
+        if method.is_notification() && reply.is_some() {
+            return answer(reply, RpcError::notification_as_request(method.as_str()));
+        }
         if let Some(cap) = missing_capability(&self.shared, method) {
             return answer(reply, RpcError::capability_unavailable(cap));
         }

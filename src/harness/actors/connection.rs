@@ -7,7 +7,7 @@
 //! (the 4004 rule) and is answered with the configured heartbeat and TTL;
 //! session-scoped frames are forwarded to the leases actor, which fences
 //! them. A connection that never registers is closed with 4008 after the
-//! lease TTL; a registered one is watched by the leases actor's timer.
+//! handshake timeout (or the lease TTL, if shorter); a registered one is watched by the leases actor's timer.
 
 use super::leases::LeasesMsg;
 use super::mcp;
@@ -209,9 +209,12 @@ impl Actor for Connection {
     ) -> Result<ConnState, ActorProcessingErr> {
         let span = tracing::info_span!("executor_conn", executor_id = %a.executor_id, connection_id = %a.connection_id);
         span.in_scope(|| tracing::info!("executor connected"));
-        myself.send_after(Duration::from_millis(a.shared.config.lease_ttl_ms), || {
-            ConnMsg::RegisterTimeout
-        });
+        // An upgraded socket that never registers holds a slot and an
+        // actor: bounded by the handshake timeout (issue 18, finding 4).
+        let config = &a.shared.config;
+        let register_within =
+            Duration::from_millis(config.lease_ttl_ms).min(config.connections.handshake_timeout);
+        myself.send_after(register_within, || ConnMsg::RegisterTimeout);
         Ok(ConnState {
             shared: a.shared,
             link: a.link,
@@ -248,7 +251,9 @@ impl Actor for Connection {
             }
             ConnMsg::RegisterTimeout => {
                 if !state.registered {
-                    tracing::info!("no executor.register within the lease TTL: closing with 4008");
+                    tracing::info!(
+                        "no executor.register within the handshake timeout: closing with 4008"
+                    );
                     state.link.close(CloseCode::LeaseExpired, "not registered");
                 }
             }
@@ -291,6 +296,11 @@ impl ConnState {
             }
             return;
         }
+        if method.is_notification() {
+            if let Some(r) = reply.take() {
+                return r.err(RpcError::notification_as_request(method.as_str()));
+            }
+        }
         if !self.registered {
             if method != Method::ExecutorRegister {
                 match reply {
@@ -331,7 +341,7 @@ impl ConnState {
                 let Some(p) = decode_params::<TokenRefreshParams>(&frame, &mut reply) else {
                     return;
                 };
-                let ok = self.shared.authenticate(Some(&p.token)).as_deref()
+                let ok = self.shared.authenticate(Some(p.token.expose())).as_deref()
                     == Some(self.executor_id.as_str());
                 if let Some(r) = reply {
                     if ok {

@@ -139,6 +139,9 @@ impl Sessions {
     /// once the executor accepted it.
     pub async fn create(&self, req: CreateSession) -> Result<Session, ApiError> {
         let shared = &self.shared;
+        if let Some(id) = &req.session_id {
+            crate::wire::id::check("sessionId", id).map_err(ApiError::invalid_id)?;
+        }
         super::mcp::validate_specs(&req.mcp_servers)?;
         let mcp_info = req
             .mcp_servers

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// Longest terminal id the API takes.
-pub const MAX_TERMINAL_ID: usize = 128;
+/// Longest terminal id the API takes (the id rule's, docs/protocol.md).
+pub const MAX_TERMINAL_ID: usize = crate::wire::id::MAX_ID_LEN;
 /// Largest `cols`/`rows` the API takes.
 pub const MAX_DIMENSION: u16 = 4096;
 
@@ -422,14 +422,7 @@ impl Terminals {
         let terminal_id = req
             .terminal_id
             .unwrap_or_else(|| format!("t-{}", uuid::Uuid::new_v4().simple()));
-        if terminal_id.is_empty()
-            || terminal_id.len() > MAX_TERMINAL_ID
-            || terminal_id.chars().any(|c| c.is_control() || c == '/')
-        {
-            return Err(ApiError::bad_request(format!(
-                "terminalId must be 1 to {MAX_TERMINAL_ID} characters, no '/' or control characters"
-            )));
-        }
+        crate::wire::id::check("terminalId", &terminal_id).map_err(ApiError::invalid_id)?;
         if req.argv.as_ref().is_some_and(Vec::is_empty) {
             return Err(ApiError::bad_request("argv must not be empty"));
         }

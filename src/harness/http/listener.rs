@@ -1,18 +1,261 @@
-//! The listener: executors arrive through the HTTP router's upgrade route
-//! (`GET /v1/executor/connect`, see `harness::http`) or, if configured, on a
-//! Unix socket with the same handshake. Both end in
+//! The listeners: the TCP one serves the HTTP router (the API and the
+//! executors' upgrade route `GET /v1/executor/connect`) one hyper
+//! connection per socket, under [`ConnectionLimits`]; the optional Unix
+//! socket takes executors with the same handshake. Both end in
 //! [`connection::start`](super::connection::start).
+//!
+//! Why not `axum::serve`: it sets no timer, so hyper's header-read timeout
+//! never runs, and it has no idle timeout or connection cap: a peer could
+//! hold any number of idle or half-sent-header sockets forever (issue 18,
+//! finding 4).
 
+use crate::harness::config::ConnectionLimits;
 use crate::harness::{actors::connection, runtime::Shared};
 use crate::wire::transport;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::UnixListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Time allowed for the upgrade handshake on a raw socket.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections not yet authenticated, oldest first, each with the token
+/// that closes it. Bounded by `max_unauthenticated`: admitting one more
+/// evicts the oldest, so a flood of idle sockets costs the flooder its own
+/// sockets, not a newcomer its turn.
+#[derive(Debug)]
+pub(crate) struct Gate {
+    max: usize,
+    next: AtomicU64,
+    pending: Mutex<BTreeMap<u64, CancellationToken>>,
+}
+
+impl Gate {
+    pub(crate) fn new(max: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            max: max.max(1),
+            next: AtomicU64::new(0),
+            pending: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Admit a new connection: returns its pass and the token that is
+    /// cancelled if it is evicted before it authenticates.
+    pub(crate) fn admit(self: &Arc<Gate>) -> (ConnPass, CancellationToken) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let evict = CancellationToken::new();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        while pending.len() >= self.max {
+            match pending.pop_first() {
+                Some((_, oldest)) => oldest.cancel(),
+                None => break,
+            }
+        }
+        pending.insert(id, evict.clone());
+        drop(pending);
+        (
+            ConnPass {
+                id,
+                gate: self.clone(),
+            },
+            evict,
+        )
+    }
+
+    fn leave(&self, id: u64) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.remove(&id);
+        }
+    }
+}
+
+/// A connection's place at the [`Gate`], carried in every request's
+/// extensions so the authentication middleware can take it off the
+/// unauthenticated list.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnPass {
+    id: u64,
+    gate: Arc<Gate>,
+}
+
+impl ConnPass {
+    /// A request on this connection showed a valid credential: it can no
+    /// longer be evicted (the idle and header timeouts still apply).
+    pub(crate) fn authenticated(&self) {
+        self.gate.leave(self.id);
+    }
+}
+
+/// Requests in flight on one connection and when the last one ended, for
+/// the keep-alive idle timeout.
+struct Activity {
+    born: Instant,
+    in_flight: AtomicUsize,
+    /// Milliseconds since `born` at the last response; `u64::MAX` before
+    /// the first (the header-read timeout covers that wait).
+    last_done_ms: AtomicU64,
+    /// Woken when a request ends, so the idle clock is re-armed.
+    ended: tokio::sync::Notify,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            born: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            last_done_ms: AtomicU64::new(u64::MAX),
+            ended: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn end(&self) {
+        let ms = self.born.elapsed().as_millis() as u64;
+        self.last_done_ms.store(ms, Ordering::SeqCst);
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.ended.notify_one();
+    }
+
+    /// When the idle timeout falls, if it runs now.
+    fn idle_deadline(&self, idle: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        match self.last_done_ms.load(Ordering::SeqCst) {
+            u64::MAX => None,
+            ms => Some(self.born + Duration::from_millis(ms) + idle),
+        }
+    }
+}
+
+/// Serve `router` on `listener` until `stop`, then let the open
+/// connections finish (graceful: no new request on them).
+pub(crate) async fn serve_tcp(
+    listener: TcpListener,
+    router: Router,
+    gate: Arc<Gate>,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+) {
+    let tasks = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.cancelled() => break,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning; the
+                // evictions and timeouts free descriptors meanwhile.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // No Nagle: small frames to executors (a tool call, an MCP
+        // message) would otherwise wait for the peer's delayed ACK (40 ms
+        // on Linux) whenever an earlier one is unacknowledged.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY");
+        }
+        let (pass, evicted) = gate.admit();
+        tasks.spawn(serve_connection(
+            tcp,
+            router.clone(),
+            pass,
+            evicted,
+            limits,
+            stop.clone(),
+        ));
+    }
+    tasks.close();
+    tasks.wait().await;
+}
+
+/// One HTTP/1.1 connection (upgrades included) under the limits.
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    router: Router,
+    pass: ConnPass,
+    evicted: CancellationToken,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+) {
+    let activity = Arc::new(Activity::new());
+    let inner = TowerToHyperService::new(router);
+    let service = {
+        let activity = activity.clone();
+        let pass = pass.clone();
+        hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(pass.clone());
+            activity.begin();
+            let fut = hyper::service::Service::call(&inner, req);
+            let activity = activity.clone();
+            async move {
+                let r = fut.await;
+                activity.end();
+                r
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .keep_alive(true);
+    let conn = builder
+        .serve_connection(TokioIo::new(tcp), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        let idle_at = activity.idle_deadline(limits.idle_timeout);
+        let idle = async {
+            match idle_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                // Re-armed when a request ends (a stored permit if it
+                // already did).
+                None => activity.ended.notified().await,
+            }
+        };
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "HTTP connection ended");
+                }
+                break;
+            }
+            _ = evicted.cancelled() => {
+                tracing::debug!("closing the oldest unauthenticated connection: at the cap");
+                break;
+            }
+            _ = stop.cancelled(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = idle, if !closing => {
+                if activity.idle_deadline(limits.idle_timeout).is_some_and(|at| at <= Instant::now()) {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+    // Served, upgraded (authenticated by then), evicted or timed out:
+    // off the list either way.
+    pass.gate.leave(pass.id);
+}
 
 /// Bind `path` and accept executors on it until the harness shuts down.
 pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandle<()>> {
@@ -49,7 +292,8 @@ pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandl
                     shared.config.max_mcp_frame_bytes,
                     move |token| auth.authenticate(token),
                 );
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                let within = shared.config.connections.handshake_timeout;
+                match tokio::time::timeout(within, handshake).await {
                     Ok(Ok((transport, executor_id))) => {
                         connection::start(shared, transport, executor_id).await
                     }
@@ -60,4 +304,27 @@ pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandl
         }
         let _ = std::fs::remove_file(&path);
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admitting_past_the_cap_evicts_the_oldest_unauthenticated() {
+        let gate = Gate::new(2);
+        let (a, evict_a) = gate.admit();
+        let (_b, evict_b) = gate.admit();
+        a.authenticated();
+        let (_c, evict_c) = gate.admit();
+        // `a` left the list: two pending, nobody evicted yet.
+        assert!(!evict_a.is_cancelled() && !evict_b.is_cancelled());
+        let (_d, evict_d) = gate.admit();
+        assert!(evict_b.is_cancelled(), "the oldest pending goes first");
+        assert!(
+            !evict_a.is_cancelled(),
+            "an authenticated one is never evicted"
+        );
+        assert!(!evict_c.is_cancelled() && !evict_d.is_cancelled());
+    }
 }

@@ -17,7 +17,7 @@ use crate::wire::transport::{self, CONNECT_PATH};
 use crate::wire::types::{ProcessStartParams, Stream};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Query, RawPathParams, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -125,8 +125,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             &format!("{}/{{ticket}}", relay::RELAY_PATH),
             get(relay_dial),
         )
+        .route_layer(middleware::from_fn(check_path_ids))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), api_auth))
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn(trace_request))
         .with_state(app)
 }
@@ -159,12 +161,78 @@ async fn trace_request(req: Request, next: Next) -> Response {
             // call on every request, measured in `bmx bench mcp`).
             format!("{:032x}", rand::random::<u128>())
         });
-    let span = tracing::info_span!("http", request_id = %id, method = %req.method(), path = %req.uri().path());
+    // A relay path carries its ticket (a credential): logged without it.
+    let path = req.uri().path();
+    let relayed = path
+        .strip_prefix(relay::RELAY_PATH)
+        .is_some_and(|rest| rest.starts_with('/'));
+    let path = if relayed {
+        format!("{}/***", relay::RELAY_PATH)
+    } else {
+        path.to_owned()
+    };
+    let span = tracing::info_span!("http", request_id = %id, method = %req.method(), path = %path);
     let mut resp = next.run(req).instrument(span).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
+}
+
+/// Every error answers `{"error": {code, message, data}}`: the ones axum
+/// makes itself (413 past the body limit, 405, a bad `Content-Length`)
+/// come as plain text, and are rewritten here with the status kept.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => crate::wire::ErrorCode::PayloadTooLarge,
+        StatusCode::METHOD_NOT_ALLOWED => crate::wire::ErrorCode::MethodNotFound,
+        s if s.is_server_error() => crate::wire::ErrorCode::InternalError,
+        _ => crate::wire::ErrorCode::InvalidRequest,
+    };
+    let message = status.canonical_reason().unwrap_or("error").to_lowercase();
+    let mut json =
+        ApiError::with_status(status.as_u16(), crate::wire::RpcError::new(code, message))
+            .into_response();
+    // Headers of the original (`Allow` of a 405) stay.
+    for (name, value) in resp.headers() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            json.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    json
+}
+
+/// The path parameters that are ids, by their route names.
+pub(crate) const PATH_IDS: [(&str, &str); 5] = [
+    ("id", "id"),
+    ("pid", "processId"),
+    ("tid", "terminalId"),
+    ("turnId", "turnId"),
+    ("interactionId", "interactionId"),
+];
+
+/// Every id in a matched route's path obeys the id rule
+/// ([`crate::wire::id`]) before any handler sees it (400, -32602,
+/// `invalid_id`): ids reach logs, the store and the executor.
+async fn check_path_ids(params: RawPathParams, req: Request, next: Next) -> Response {
+    for (name, value) in params.iter() {
+        if let Some((_, field)) = PATH_IDS.iter().find(|(n, _)| *n == name) {
+            if let Err(e) = crate::wire::id::check(field, value) {
+                return ApiError::invalid_id(e).into_response();
+            }
+        }
+    }
+    next.run(req).await
 }
 
 /// Constant-time comparison of two secrets (API token, relay ticket).
@@ -179,16 +247,32 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 /// `--api-token`: every API route but the executors' (the connect route
 /// and the terminal relay, which have credentials of their own) needs
 /// `Authorization: Bearer <token>`.
+///
+/// A request that passes with a token (or any request, when no API token
+/// is configured) takes its connection off the unauthenticated list of
+/// the listener's [`Gate`](listener::Gate).
 async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response {
-    if let Some(token) = &app.shared.config.api_token {
-        let path = req.uri().path();
-        let own_credential = path == CONNECT_PATH
-            || path.starts_with(&format!("{}/", relay::RELAY_PATH))
-            || enrollments::is_public(req.method(), path);
-        if !own_credential {
-            let ok = transport::bearer(req.headers()).is_some_and(|t| same_secret(t, token));
-            if !ok {
-                return ApiError::unauthorized().into_response();
+    let pass = req.extensions().get::<listener::ConnPass>().cloned();
+    match &app.shared.config.api_token {
+        Some(token) => {
+            let path = req.uri().path();
+            let own_credential = path == CONNECT_PATH
+                || path.starts_with(&format!("{}/", relay::RELAY_PATH))
+                || enrollments::is_public(req.method(), path);
+            if !own_credential {
+                let ok = transport::bearer(req.headers())
+                    .is_some_and(|t| same_secret(t, token.expose()));
+                if !ok {
+                    return ApiError::unauthorized().into_response();
+                }
+                if let Some(p) = pass {
+                    p.authenticated();
+                }
+            }
+        }
+        None => {
+            if let Some(p) = pass {
+                p.authenticated();
             }
         }
     }
@@ -216,6 +300,9 @@ async fn connect(State(app): State<App>, req: Request) -> Response {
         tracing::info!("executor upgrade refused: bad credential");
         return ApiError::unauthorized().into_response();
     };
+    if let Some(p) = req.extensions().get::<listener::ConnPass>() {
+        p.authenticated();
+    }
     let Some(accept) = transport::ws_accept(headers) else {
         return ApiError::bad_request("expected a WebSocket upgrade").into_response();
     };
@@ -251,14 +338,21 @@ async fn connect(State(app): State<App>, req: Request) -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
-/// Parse a JSON body; an empty body is `{}`.
+/// Parse a JSON body; an empty body is `{}`. A body must be an object,
+/// and its id fields obey the id rule ([`crate::wire::id`]).
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         bytes
     };
-    serde_json::from_slice(text).map_err(|e| ApiError::bad_request(format!("body: {e}")))
+    let v: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("body must be a JSON object"));
+    }
+    crate::wire::id::check_fields(&v).map_err(ApiError::invalid_id)?;
+    serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
 
 pub(crate) fn executor_views(shared: &Shared) -> Vec<ExecutorView> {

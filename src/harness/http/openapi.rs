@@ -48,6 +48,74 @@ fn session_errors(mut responses: Value) -> Value {
 }
 
 /// The document.
+/// The id rule (docs/protocol.md, "Ids") as a JSON schema: what the
+/// router enforces on every id in a path or a request body.
+pub fn id_schema() -> Value {
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": crate::wire::id::MAX_ID_LEN,
+        "pattern": "^[A-Za-z0-9._:-]+$",
+        "not": {"enum": [".", ".."]},
+    })
+}
+
+/// Request bodies whose id fields the router checks.
+const ID_BODIES: [&str; 5] = [
+    "CreateSession",
+    "ProcessStart",
+    "ToolCall",
+    "OpenTerminal",
+    "StartTurn",
+];
+
+/// Put the id rule on every id path parameter and every id field of a
+/// request body, so a schema-driven client (schemathesis) knows what the
+/// server refuses. Descriptions stay.
+fn constrain_ids(doc: &mut Value) {
+    let constrain = |schema: &mut Value| {
+        if let (Value::Object(s), Value::Object(rule)) = (schema, id_schema()) {
+            s.extend(rule);
+        }
+    };
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for item in paths.values_mut() {
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for op in item.values_mut() {
+                let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else {
+                    continue;
+                };
+                for p in params {
+                    let is_id = p["in"] == "path"
+                        && p["name"]
+                            .as_str()
+                            .is_some_and(|n| super::PATH_IDS.iter().any(|(name, _)| *name == n));
+                    if is_id {
+                        constrain(&mut p["schema"]);
+                    }
+                }
+            }
+        }
+    }
+    for name in ID_BODIES {
+        let props = &mut doc["components"]["schemas"][name]["properties"];
+        if let Some(props) = props.as_object_mut() {
+            for field in crate::wire::id::ID_FIELDS {
+                if let Some(schema) = props.get_mut(field) {
+                    constrain(schema);
+                }
+            }
+        }
+    }
+    // An empty argv is refused.
+    let argv = &mut doc["components"]["schemas"]["ProcessStart"]["properties"]["argv"];
+    if let Some(a) = argv.as_object_mut() {
+        a.insert("minItems".into(), json!(1));
+    }
+}
+
 pub fn document() -> Value {
     let mut doc = base();
     if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
@@ -80,6 +148,7 @@ pub fn document() -> Value {
             paths.extend(more);
         }
     }
+    constrain_ids(&mut doc);
     doc
 }
 

@@ -124,7 +124,8 @@ wire_struct! {
 
 wire_struct! {
     pub struct TokenRefreshParams {
-        pub token: String,
+        /// Never printed (`Debug` shows `***`).
+        pub token: crate::wire::Secret,
     }
 }
 
