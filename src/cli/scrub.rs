@@ -85,10 +85,13 @@ pub fn non_dumpable() -> io::Result<()> {
     }
 }
 
+/// A memory area of this process: start address and length.
+type Area = (usize, usize);
+
 /// Start and length of the argument and environment areas, each only if
 /// its bytes match what `/proc/self/cmdline` / `environ` show (a process
 /// that moved them, e.g. with `PR_SET_MM`, is left alone).
-fn areas() -> io::Result<(Option<(usize, usize)>, Option<(usize, usize)>)> {
+fn areas() -> io::Result<(Option<Area>, Option<Area>)> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
     let bounds = parse_stat_areas(&stat).ok_or_else(|| {
         io::Error::new(
