@@ -28,8 +28,21 @@ async fn only_harness_session_methods_reach_the_leases_actor() {
     });
     let mut checked = 0;
     for spec in METHODS.iter().filter(|s| s.method.harness_receives()) {
-        // Sent as requests, notifications included, so every one is answered.
+        // Sent as requests, so every one is answered. A notification sent
+        // as a request is refused before any routing (issue 18, finding 9):
+        // for those, that refusal is what is checked.
         let answer = f.call::<_, Value>(spec.method, &params).await;
+        if spec.method.is_notification() {
+            assert!(
+                matches!(&answer, Err(e @ CallError::Rpc(_))
+                    if rpc_code(e) == Some(-32600)
+                        && rpc_reason(e).as_deref() == Some("notification_as_request")),
+                "{} (a notification) answered {answer:?}",
+                spec.name
+            );
+            checked += 1;
+            continue;
+        }
         let fenced = match &answer {
             Err(e @ CallError::Rpc(_)) => {
                 rpc_code(e) == Some(-32011) && rpc_reason(e).as_deref() == Some("unknown_session")

@@ -99,7 +99,10 @@ async fn children_inherit_only_stdin_stdout_and_stderr() {
         .call(
             Method::ToolCall,
             &json!({"sessionId": "s1", "toolCallId": "fds", "tool": "bash",
-                    "input": {"command": "ls /proc/$$/fd"}}),
+                    // `; :` keeps bash from exec'ing `ls` in its own place
+                    // (then `$$` would be `ls`, and its own directory
+                    // handle fd 3 would be listed).
+                    "input": {"command": "ls /proc/$$/fd; :"}}),
         )
         .await
         .unwrap();

@@ -24,23 +24,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 
-/// What a peer's transport reports.
-#[derive(Debug)]
-pub enum PeerEvent {
-    /// One JSON-RPC message from the peer.
-    Message(String),
-    /// Several, in order, from one read of the peer's pipe: one mailbox
-    /// message for what arrived together, so a fast peer costs an actor
-    /// hop per read, not per line.
-    Messages(Vec<String>),
-    /// A message over the size limit; its id when it could be read.
-    Oversized(Option<String>),
-    /// The peer is gone (exited, or its HTTP session ended): why.
-    Closed(String),
-}
-
-/// Where a transport sends its events (its actor's mailbox).
-pub type Sink = Arc<dyn Fn(PeerEvent) + Send + Sync>;
+pub use crate::mcp::peer::{PeerEvent, Sink};
 
 /// Replace every secret value in `text` (stderr lines, error messages).
 pub fn redact(text: &str, secrets: &[String]) -> String {

@@ -15,8 +15,11 @@
 //! there) is read. rmcp's model types are used where bmx speaks MCP itself:
 //! the `initialize` it sends and the result it checks.
 
+pub mod http;
 pub mod message;
+pub mod peer;
 pub mod relay;
+pub mod sse;
 
 pub use message::{Envelope, Kind, McpError};
 pub use relay::{Out, Relay, RelayConfig};

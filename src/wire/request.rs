@@ -255,6 +255,28 @@ mod tests {
         assert!(decode(Method::ProcessList, &f).is_err());
     }
 
+    /// `p` with its id fields made to follow the id rule (arbitrary strings
+    /// mostly break it; those refusals have their own tests in `wire::id`).
+    fn sane<P: Serialize + serde::de::DeserializeOwned>(p: P) -> P {
+        let mut v = serde_json::to_value(&p).unwrap();
+        if let Some(obj) = v.as_object_mut() {
+            for name in crate::wire::id::ID_FIELDS {
+                if let Some(serde_json::Value::String(id)) = obj.get_mut(name) {
+                    let mut clean: String = id
+                        .chars()
+                        .filter(|c| c.is_ascii_alphanumeric() || "._:-".contains(*c))
+                        .take(128)
+                        .collect();
+                    if clean.is_empty() || clean == "." || clean == ".." {
+                        clean = "x".into();
+                    }
+                    *id = clean;
+                }
+            }
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
     /// Decodes `params` sent as `method` and checks the request it became.
     fn round_trip<P: Serialize + std::fmt::Debug>(
         codec: Codec,
@@ -263,8 +285,20 @@ mod tests {
         key: impl Fn(&Request) -> Vec<String>,
         expected_key: Vec<String>,
     ) -> Result<(), TestCaseError> {
-        let r = decode(method, &frame(codec, method, params))
-            .map_err(|e| TestCaseError::fail(format!("{method}: {e}")))?;
+        let decoded = decode(method, &frame(codec, method, params));
+        // Arbitrary ids mostly break the id rule: those must be refused
+        // (-32602), the rest decode into their variant.
+        let ids_ok = serde_json::to_value(params)
+            .map(|v| crate::wire::id::check_fields(&v).is_ok())
+            .unwrap_or(true);
+        if !ids_ok {
+            let e = decoded
+                .err()
+                .ok_or_else(|| TestCaseError::fail(format!("{method}: a bad id was accepted")))?;
+            prop_assert_eq!(e.code, ErrorCode::InvalidParams.code());
+            return Ok(());
+        }
+        let r = decoded.map_err(|e| TestCaseError::fail(format!("{method}: {e}")))?;
         prop_assert_eq!(r.method(), method);
         prop_assert_eq!(r.owner(), method.owner());
         prop_assert_eq!(key(&r), expected_key);
@@ -284,6 +318,10 @@ mod tests {
             call in any::<ToolCallParams>(),
             cancel in any::<ToolCancelParams>(),
         ) {
+            let stop = sane(stop);
+            let start = sane(start);
+            let call = sane(call);
+            let cancel = sane(cancel);
             let key = |r: &Request| match r {
                 Request::Session(s) => vec![s.session_id().to_owned()],
                 _ => vec![],
@@ -304,6 +342,10 @@ mod tests {
             interrupt in any::<ProcessRefParams>(),
             terminate in any::<ProcessTerminateParams>(),
         ) {
+            let read = sane(read);
+            let write = sane(write);
+            let interrupt = sane(interrupt);
+            let terminate = sane(terminate);
             let key = |r: &Request| match r {
                 Request::Process(p) => vec![p.session_id().to_owned(), p.process_id().to_owned()],
                 Request::Session(s) => vec![s.session_id().to_owned()],
@@ -328,6 +370,7 @@ mod tests {
             input in any::<TerminalInputParams>(),
             close in any::<TerminalCloseParams>(),
         ) {
+            let (open, input, close) = (sane(open), sane(input), sane(close));
             let key = |r: &Request| match r {
                 Request::Terminal(t) => vec![t.terminal_id().to_owned()],
                 _ => vec![],

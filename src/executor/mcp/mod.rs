@@ -4,10 +4,10 @@
 //! [`stdio_peer::PeerEvent`]s for its MCP actor ([`crate::executor::actors::mcp`]),
 //! which feeds them to the sans-IO [`crate::mcp::Relay`].
 
-pub mod http;
+pub use crate::mcp::http;
 pub mod launch;
 pub mod service;
-pub mod sse;
+pub use crate::mcp::sse;
 
 use crate::executor::stdio_peer::StdioPeer;
 

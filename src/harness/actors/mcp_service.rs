@@ -10,7 +10,7 @@
 //! like the executor's actor of an `environment` server: it sends
 //! `initialize` itself ([`Relay`]), answers the clients' `initialize` from
 //! the cached result, POSTs every other message to the URL
-//! ([`crate::executor::mcp::http::Http`], the same Streamable HTTP client
+//! ([`crate::mcp::http::Http`], the same Streamable HTTP client
 //! the executor uses for `transport: http`), and sends what the service
 //! answers back as `mcp.frame`s on the link the frames came on.
 //!
@@ -25,11 +25,11 @@
 //! service is registered again. Payloads are never logged.
 
 use super::get_or_start;
-use crate::executor::mcp::http::Http;
-use crate::executor::stdio_peer::PeerEvent;
 use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
 use crate::lease::ConnId;
+use crate::mcp::http::Http;
+use crate::mcp::peer::PeerEvent;
 use crate::mcp::relay::INIT_ID;
 use crate::mcp::{Out, Relay, RelayConfig};
 use crate::supervisor::ChildSpec;
@@ -103,7 +103,7 @@ fn unavailable(message: &str) -> RpcError {
 
 fn transport(myself: &ActorRef<ServiceMsg>, reg: &ServiceReg, max: usize) -> Result<Http, String> {
     let me = myself.clone();
-    let sink: crate::executor::stdio_peer::Sink = Arc::new(move |ev| {
+    let sink: crate::mcp::peer::Sink = Arc::new(move |ev| {
         let _ = me.send_message(ServiceMsg::Server(ev));
     });
     Http::new(reg.url.clone(), reg.timeout, max, sink)

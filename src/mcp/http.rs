@@ -11,8 +11,8 @@
 //! timeout error; one the server refuses (HTTP error, unreachable) gets an
 //! internal error; all of them are answered, none is dropped.
 
+use super::peer::{PeerEvent, Sink};
 use super::sse::SseReader;
-use crate::executor::stdio_peer::{PeerEvent, Sink};
 use crate::mcp::message::{self, code};
 use futures_util::StreamExt;
 use std::sync::{Arc, Mutex};
