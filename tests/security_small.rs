@@ -52,10 +52,10 @@ async fn children_inherit_only_stdin_stdout_and_stderr() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
     let mut conn = harness.next_conn().await;
     conn.register(10_000, 30_000).await;
-    let executor_fds = std::fs::read_dir(format!("/proc/{}/fd", child.id()))
+    let executor_fds = std::fs::read_dir(format!("/proc/{}/fd", child.0.id()))
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .collect::<Vec<_>>();
@@ -115,8 +115,8 @@ async fn children_inherit_only_stdin_stdout_and_stderr() {
         seen.iter().all(|fd| *fd <= 2),
         "the bash tool saw {seen:?}: {text}"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = child.0.kill();
+    let _ = child.0.wait();
 }
 
 #[tokio::test]
@@ -161,4 +161,15 @@ async fn a_notification_sent_as_a_request_is_refused_32600() {
         Some("notification_as_request")
     );
     h.shutdown().await;
+}
+
+/// The executor, killed even when an assertion fails first: a failing run
+/// must not leave a daemon behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
