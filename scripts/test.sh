@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what the black-box tests drive (real PTYs via
-# util-linux `script`; tmux, which tests/harness_terminal.rs drives `bmx attach` in), then runs every test
+# util-linux `script`; tmux, which tests/harness/terminal.rs drives `bmx attach` in), then runs every test
 # in release mode (the tests spawn many real processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,16 @@ if [ ! -f tests/peers/node_modules/.package-lock.json ] ||
    ! cmp -s tests/peers/package-lock.json tests/peers/node_modules/.bmx-installed-lock; then
   (cd tests/peers && npm ci --no-audit --no-fund --loglevel=error &&
     cp package-lock.json node_modules/.bmx-installed-lock)
+fi
+
+# schemathesis (issue 18), pinned, in a venv under target/: the security
+# tests run it against the served OpenAPI document. Reinstalled only when
+# the pin changes.
+st_pin=4.32.5
+if [ ! -x target/py/bin/st ] || ! grep -qx "$st_pin" target/py/.bmx-st 2>/dev/null; then
+  python3 -m venv target/py
+  target/py/bin/pip install --quiet --disable-pip-version-check "schemathesis==$st_pin"
+  echo "$st_pin" > target/py/.bmx-st
 fi
 
 cargo test --release "$@"

@@ -15,12 +15,15 @@
 //!   local state) of a workspace-bound executor.
 //! * [`client`]: a client of the harness's HTTP API (the CLI's, and a
 //!   platform's Rust code may use it).
+//! * [`fuzz`]: the fuzz entry points over every untrusted-input decoder
+//!   (cargo-fuzz targets in `fuzz/`, bounded runs in the tests).
 //!
 //! See docs/architecture.md for the code map and the import rules.
 
 pub mod acp;
 pub mod client;
 pub mod executor;
+pub mod fuzz;
 pub mod harness;
 pub mod lease;
 pub mod mcp;

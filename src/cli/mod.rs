@@ -98,7 +98,7 @@ pub fn init_tracing(default: &str, format: LogFormat) {
     // raw handshake (`authorization: Bearer …`, relay tickets in the path)
     // and every frame's payload (an `executor.token_refresh` token).
     // Never below debug, whatever RUST_LOG says (secrets never reach a
-    // log; tests/security_logs.rs greps a whole run at RUST_LOG=trace).
+    // log; tests/security/logs.rs greps a whole run at RUST_LOG=trace).
     // Only when trace is on somewhere: the directives would otherwise turn
     // their debug lines on at the default level.
     let tracing_on = filter

@@ -26,7 +26,7 @@ pub enum EventDecision {
 
 /// The last accepted sequence per session.
 ///
-/// Invariants (checked by `tests/harness_cores.rs`): the accepted
+/// Invariants (checked by `tests/harness/cores.rs`): the accepted
 /// sequences of a session rise by exactly one with no hole and no repeat;
 /// `Repeat` and `Hole` change nothing; no sequence overflows.
 #[derive(Debug, Default)]

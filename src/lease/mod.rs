@@ -4,7 +4,7 @@
 //! Nothing in here performs I/O, reads a clock or draws randomness: every
 //! method that depends on time takes `now` (milliseconds on a monotonic
 //! clock) from the caller. That keeps the protocol rules testable by
-//! replaying exact sequences of events (see `tests/lease_model.rs`), and lets
+//! replaying exact sequences of events (see `tests/misc/lease_model.rs`), and lets
 //! the harness actor own the sockets and the timer.
 //!
 //! * [`LeaseTable`] is the harness side: which connection is live for which

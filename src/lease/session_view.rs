@@ -5,7 +5,7 @@
 //! (an ended session stays ended, an assignment that failed never began, a
 //! lost holder makes its sessions `disconnected` until a resume) and live
 //! here, apart from the actor that publishes the records, so they can be
-//! replayed and property-tested (`tests/harness_cores.rs`).
+//! replayed and property-tested (`tests/harness/cores.rs`).
 //!
 //! [`SessionViews`] holds only what the rules need (state, executor, fencing
 //! token, ended reason) and the waiters of `DELETE /v1/sessions/{id}`
@@ -99,7 +99,7 @@ pub struct Restored {
 
 /// The lifecycle rules of every session the platform can see.
 ///
-/// Invariants (checked by `tests/harness_cores.rs` after every step):
+/// Invariants (checked by `tests/harness/cores.rs` after every step):
 /// an ended session never moves to another state (only a new `create` of
 /// the same id, with a new grant, starts it over); `Ended` is reported once
 /// per life; at most `kept` ended sessions are remembered; the retention

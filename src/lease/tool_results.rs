@@ -57,7 +57,7 @@ impl<W, R> Default for SessionTools<W, R> {
 
 /// Tool waiters and delivered results, per session.
 ///
-/// Invariants (checked by `tests/harness_cores.rs`): a result is returned
+/// Invariants (checked by `tests/harness/cores.rs`): a result is returned
 /// in [`Delivery::Deliver`] at most once per (session, id) for the life of
 /// the session's entry; every waiter is handed back exactly once (with the
 /// result, by [`end`](Self::end), or by [`retain_waiters`](Self::retain_waiters));

@@ -259,6 +259,9 @@ fn parse_input<T: DeserializeOwned>(tool: &str, input: &Value) -> Result<T, Tool
     }
 }
 
+/// Inputs with more fields than this are not probed for the culprit field.
+const MAX_PROBED_FIELDS: usize = 32;
+
 /// serde names the field for missing and unknown fields but not for type
 /// errors; for those, find the field whose removal makes the type error go
 /// away, so the model learns exactly which field to fix.
@@ -280,6 +283,12 @@ fn describe_input_error<T: DeserializeOwned>(
         return format!("invalid input for {tool}: expected a JSON object, got {kind}");
     };
     if message.starts_with("missing field") || message.starts_with("unknown field") {
+        return format!("invalid input for {tool}: {message}");
+    }
+    // Each probe re-decodes the whole input: with thousands of keys (a
+    // 1 MiB frame holds ~100 000) that is quadratic work on the runtime's
+    // threads. Real tool inputs have a handful of fields.
+    if object.len() > MAX_PROBED_FIELDS {
         return format!("invalid input for {tool}: {message}");
     }
     for key in object.keys() {

@@ -1,6 +1,6 @@
 //! A TCP proxy that breaks the connection between the executor and the
 //! harness at random, from a seed: RST, FIN, half-close, stalls and
-//! delays. Used by the soak (`tests/faults_soak.rs`).
+//! delays. Used by the soak (`tests/faults/soak.rs`).
 //!
 //! Each proxied connection is one task that owns both sockets, so a fault
 //! is applied whole: an RST really is an RST (the halves are reunited and

@@ -445,11 +445,19 @@ async fn start_process(
     Path(id): Path<String>,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let mut v: serde_json::Value = body(&bytes)?;
+    let params = process_start_body(&bytes, &id)?;
+    let state = app.sessions().session(&id).start_process(params).await?;
+    Ok(Json(state).into_response())
+}
+
+/// The `process.start` params of a `POST …/processes` body: the session
+/// from the path, a generated process id when the body has none.
+fn process_start_body(bytes: &Bytes, session_id: &str) -> Result<ProcessStartParams, ApiError> {
+    let mut v: serde_json::Value = body(bytes)?;
     let obj = v
         .as_object_mut()
         .ok_or_else(|| ApiError::bad_request("body must be an object"))?;
-    obj.insert("sessionId".into(), serde_json::Value::String(id.clone()));
+    obj.insert("sessionId".into(), session_id.into());
     obj.entry("processId")
         .or_insert_with(|| format!("p-{}", uuid::Uuid::new_v4().simple()).into());
     let params: ProcessStartParams =
@@ -457,8 +465,27 @@ async fn start_process(
     if params.argv.is_empty() {
         return Err(ApiError::bad_request("argv must not be empty"));
     }
-    let state = app.sessions().session(&id).start_process(params).await?;
-    Ok(Json(state).into_response())
+    Ok(params)
+}
+
+/// Every JSON body this module decodes, picked by `selector`, for the fuzz
+/// targets ([`crate::fuzz::api_body`]): decoding must end in a value or an
+/// [`ApiError`] with a 4xx status, never a panic or a 5xx.
+pub(crate) fn decode_body_for_fuzz(selector: u8, bytes: &Bytes) {
+    fn check<T>(r: Result<T, ApiError>) {
+        if let Err(e) = r {
+            let status = e.into_response().status();
+            assert!(status.is_client_error(), "a bad body answered {status}");
+        }
+    }
+    match selector % 6 {
+        0 => check(body::<CreateSession>(bytes)),
+        1 => check(process_start_body(bytes, "s1")),
+        2 => check(body::<StdinBody>(bytes)),
+        3 => check(body::<TerminateBody>(bytes)),
+        4 => check(body::<ToolCall>(bytes)),
+        _ => check(body::<OpenTerminal>(bytes)),
+    }
 }
 
 #[derive(Deserialize)]

@@ -83,10 +83,18 @@ fn constrain_ids(doc: &mut Value) {
             let Some(item) = item.as_object_mut() else {
                 continue;
             };
-            for op in item.values_mut() {
-                let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else {
-                    continue;
+            // Parameters live on the path item (shared by its operations)
+            // or on one operation.
+            let mut lists: Vec<&mut Vec<Value>> = Vec::new();
+            for (key, v) in item.iter_mut() {
+                let list = if key == "parameters" {
+                    v.as_array_mut()
+                } else {
+                    v.get_mut("parameters").and_then(Value::as_array_mut)
                 };
+                lists.extend(list);
+            }
+            for params in lists {
                 for p in params {
                     let is_id = p["in"] == "path"
                         && p["name"]
@@ -149,7 +157,103 @@ pub fn document() -> Value {
         }
     }
     constrain_ids(&mut doc);
+    conform(&mut doc);
     doc
+}
+
+/// Bodies whose Rust types refuse unknown fields (`deny_unknown_fields`).
+const CLOSED_BODIES: [&str; 9] = [
+    "CreateSession",
+    "OpenTerminal",
+    "StartTurn",
+    "MoreInput",
+    "CancelTurn",
+    "InteractionAnswer",
+    "McpServiceRegistration",
+    "Stdin",
+    "Terminate",
+];
+
+/// Query parameters that are cursors, counts or durations: never negative.
+const COUNT_QUERIES: [&str; 5] = ["cursor", "maxBytes", "waitMs", "after", "fromSeq"];
+
+/// Make the document say what the server does, where a schema-driven
+/// client (schemathesis, run by `tests/security/schemathesis.rs`) would
+/// otherwise find them apart:
+/// - an operation with an id in its path answers 400 `invalid_id` for an id
+///   outside the rule, so it documents 400;
+/// - bodies that refuse unknown fields say `additionalProperties: false`;
+/// - counts and cursors in the query are at least 0;
+/// - a `text/event-stream` answer is described as SSE events (`data`,
+///   `event`, `id`), which is what a client parses, not as the JSON its
+///   `data` lines hold.
+fn conform(doc: &mut Value) {
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for (path, item) in paths.iter_mut() {
+            let has_id = super::PATH_IDS
+                .iter()
+                .any(|(name, _)| path.contains(&format!("{{{name}}}")));
+            let Some(item) = item.as_object_mut() else {
+                continue;
+            };
+            for (key, v) in item.iter_mut() {
+                if key == "parameters" {
+                    count_queries(v);
+                    continue;
+                }
+                if let Some(params) = v.get_mut("parameters") {
+                    count_queries(params);
+                }
+                let Some(responses) = v.get_mut("responses").and_then(Value::as_object_mut) else {
+                    continue;
+                };
+                if has_id && !responses.contains_key("400") {
+                    responses.insert(
+                        "400".into(),
+                        err("an id in the path breaks the id rule (-32602, reason invalid_id)"),
+                    );
+                }
+                for r in responses.values_mut() {
+                    if let Some(sse) = r.pointer_mut("/content/text~1event-stream") {
+                        let what = sse["schema"]["$ref"]
+                            .as_str()
+                            .map(|r| r.rsplit('/').next().unwrap_or(r).to_owned());
+                        sse["schema"] = sse_event(what.as_deref());
+                    }
+                }
+            }
+        }
+    }
+    for name in CLOSED_BODIES {
+        if let Some(schema) = doc["components"]["schemas"][name].as_object_mut() {
+            schema.insert("additionalProperties".into(), json!(false));
+        }
+    }
+}
+
+fn count_queries(params: &mut Value) {
+    for p in params.as_array_mut().into_iter().flatten() {
+        let is_count = p["in"] == "query"
+            && p["name"]
+                .as_str()
+                .is_some_and(|n| COUNT_QUERIES.contains(&n));
+        if is_count && p["schema"]["type"] == "integer" {
+            p["schema"]["minimum"] = json!(0);
+        }
+    }
+}
+
+/// One Server-Sent Event as a client parses it.
+fn sse_event(data_schema: Option<&str>) -> Value {
+    let data = match data_schema {
+        Some(name) => format!("one JSON {name} per event"),
+        None => "the event's payload".to_owned(),
+    };
+    json!({"type": "object", "properties": {
+        "data": {"type": "string", "description": data},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"}}})
 }
 
 fn turn_schemas() -> Value {
@@ -308,7 +412,7 @@ fn mcp_schemas() -> Value {
           "url": {"type": "string", "description": "the service's Streamable HTTP MCP endpoint, http:// or https://; kept on the harness, never echoed, listed or logged"},
           "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 3600000, "description": "one request to the service, at most (default 60000)"}}},
       "JsonRpcMessage": {"type": "object", "required": ["jsonrpc"], "description": "one MCP JSON-RPC message (request, notification or response); batches are refused", "properties": {
-          "jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+          "jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"description": "a string or an integer; null in the answer to a message whose id could not be read"},
           "method": {"type": "string"}, "params": {"type": "object"}, "result": {}, "error": {"type": "object"}}}
     })
 }
@@ -320,6 +424,8 @@ fn mcp_error(desc: &str) -> Value {
 fn mcp_paths() -> Value {
     let session_header = json!({"name": "Mcp-Session-Id", "in": "header", "schema": {"type": "string"},
         "description": "minted by the harness in the answer to initialize (128 random bits, hex); required on every later request"});
+    let mut required_header = session_header.clone();
+    required_header["required"] = json!(true);
     let key = json!({"name": "serverKey", "in": "path", "required": true, "schema": {"type": "string"}, "description": "the server's serverKey"});
     json!({
       "/v1/sessions/{id}/mcp": {
@@ -354,13 +460,15 @@ fn mcp_paths() -> Value {
             "429": mcp_error("too many MCP client sessions on this server, or MCP channels on this harness (-32015)"),
             "503": mcp_error("the harness is shutting down, or the channel is not answering")}},
         "get": {"summary": "The client session's notification stream (text/event-stream): the server's notifications (tools/list_changed, message, resources/updated, ...). One stream per client session; a client that falls 256 messages behind loses it.",
-          "parameters": [session_header.clone()],
+          "parameters": [required_header.clone()],
           "responses": {"200": {"description": "SSE stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
             "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
+            "410": mcp_error("the session ended"),
             "406": mcp_error("Accept does not allow text/event-stream"), "409": mcp_error("this client session already has a stream open")}},
         "delete": {"summary": "End the client session (its requests in flight are answered with client_session_ended and cancelled at the server)",
-          "parameters": [session_header],
-          "responses": {"204": {"description": "ended"}, "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey")}}}
+          "parameters": [required_header],
+          "responses": {"204": {"description": "ended"}, "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
+            "410": mcp_error("the session ended")}}}
     })
 }
 

@@ -1,0 +1,16 @@
+//! The `executor` black-box tests, one binary: each module was its own
+//! test target once; one binary links once instead of once per file
+//! (CI time, docs/testing.md).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod connection;
+mod crash;
+mod env;
+mod mcp;
+mod process;
+mod shutdown;
+mod terminal;
+mod tools;
+mod turns;

@@ -1,0 +1,17 @@
+//! The `harness` black-box tests, one binary: each module was its own
+//! test target once; one binary links once instead of once per file
+//! (CI time, docs/testing.md).
+
+#[path = "../harness_common/mod.rs"]
+mod harness_common;
+
+mod cli;
+mod cores;
+mod e2e;
+mod fake;
+mod mcp;
+mod mcp_service;
+mod method_owners;
+mod supervision;
+mod terminal;
+mod turns;

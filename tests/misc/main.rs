@@ -1,0 +1,9 @@
+//! The `misc` black-box tests, one binary: each module was its own
+//! test target once; one binary links once instead of once per file
+//! (CI time, docs/testing.md).
+
+mod cli_logs;
+mod fuzz;
+mod lease_model;
+mod tools_race;
+mod wire_pending;

@@ -1,0 +1,18 @@
+//! The `security` black-box tests, one binary: each module was its own
+//! test target once; one binary links once instead of once per file
+//! (CI time, docs/testing.md).
+
+#[path = "../harness_common/mod.rs"]
+mod harness_common;
+#[path = "../security_common/mod.rs"]
+mod security_common;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod connections;
+mod ids;
+mod logs;
+mod schemathesis;
+mod small;
+mod token;
+mod tools;

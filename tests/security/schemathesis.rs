@@ -1,0 +1,141 @@
+//! Issue 18, "keep it closed": schemathesis against the OpenAPI document
+//! the harness serves, with every check on, bounded in examples and time.
+//!
+//! A real `bmx harness` (with an API token) and a real `bmx executor`
+//! connected to it, so sessions, processes and tool calls really run. The
+//! gate: no server error and no response that breaks the document (every
+//! ST1xx check: 5xx, undocumented status, content type, headers, schema).
+//! 501 (capability not offered, -32012) and 503 (no executor or executor
+//! busy, -32029) are deliberate, documented answers and are expected; any
+//! other 5xx fails. Findings of the stateful and negative checks (ST2xx,
+//! ST3xx: a schema-valid id of a session that does not exist is "rejected"
+//! with 404) are printed, not gated.
+//!
+//! WebSocket-only routes are left out: schemathesis speaks plain HTTP.
+//! schemathesis comes from `scripts/test.sh` (a pinned venv under
+//! `target/py`); without it the test says so loudly and passes, except
+//! under CI (`CI` set), where it fails.
+
+use crate::security_common::Bmx;
+use bmx::client::ApiClient;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const API_SECRET: &str = "st-api-secret-0f3a";
+const EXEC_SECRET: &str = "st-exec-secret-9b2c";
+
+fn schemathesis() -> Option<PathBuf> {
+    let st = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/py/bin/st");
+    st.exists().then_some(st)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
+    let Some(st) = schemathesis() else {
+        let msg = "schemathesis is not installed (scripts/test.sh installs it into target/py)";
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("SKIPPED: {msg}");
+        return;
+    };
+    let token_arg = format!("exec-1={EXEC_SECRET}");
+    let (harness, api) = Bmx::harness(
+        &["--token", &token_arg],
+        &[("BMX_API_TOKEN", API_SECRET)],
+        "warn",
+    );
+    let url = format!(
+        "ws://{}/v1/executor/connect",
+        api.trim_start_matches("http://")
+    );
+    let work = tempfile::tempdir().unwrap();
+    let work_root = work.path().to_str().unwrap().to_owned();
+    let executor = Bmx::spawn(
+        &["executor", "--url", &url, "--work-root", &work_root],
+        &[("BMX_TOKEN", EXEC_SECRET)],
+        "warn",
+    );
+    let client = ApiClient::new(&api)
+        .unwrap()
+        .token(Some(API_SECRET.into()))
+        .timeout(Duration::from_secs(30));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = client.executors().await.unwrap();
+        if v["executors"].as_array().is_some_and(|e| !e.is_empty()) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no executor");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("schemathesis.toml");
+    std::fs::write(
+        &config,
+        "[checks.not_a_server_error]\nexpected-statuses = [\"100-499\", \"501\", \"503\"]\n",
+    )
+    .unwrap();
+    let examples = std::env::var("BMX_ST_EXAMPLES").unwrap_or_else(|_| "15".into());
+    let max_time = std::env::var("BMX_ST_SECONDS").unwrap_or_else(|_| "90".into());
+    let out = tokio::task::spawn_blocking({
+        let api = api.clone();
+        let st = st.clone();
+        let report = dir.path().to_owned();
+        move || {
+            Command::new(st)
+                .current_dir(&report)
+                .arg("--no-color")
+                .arg("--config-file")
+                .arg(&config)
+                .args(["run", &format!("{api}/v1/openapi.json")])
+                .args(["--checks", "all", "--workers", "1"])
+                .args(["--max-examples", &examples, "--max-time", &max_time])
+                .args(["--seed", "1"])
+                .args(["-H", &format!("Authorization: Bearer {API_SECRET}")])
+                .args([
+                    "--exclude-path-regex",
+                    "(/ws$|/attach$|^/v1/relay/|^/v1/executor/connect$)",
+                ])
+                .output()
+                .expect("run schemathesis")
+        }
+    })
+    .await
+    .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let _ = executor.stop();
+    let _ = harness.stop();
+
+    // The summary lists each failure kind once: "❌ ST101 Server error: 4".
+    let summary = text.rsplit_once("\nFailures:").map_or("", |(_, s)| s);
+    let mut gated = Vec::new();
+    for line in summary.lines() {
+        let is_code = |w: &&str| {
+            w.len() == 5 && w.starts_with("ST") && w[2..].bytes().all(|b| b.is_ascii_digit())
+        };
+        let Some(code) = line.split_whitespace().find(is_code) else {
+            continue;
+        };
+        eprintln!("schemathesis: {}", line.trim());
+        if code.starts_with("ST1") {
+            gated.push(line.trim().to_owned());
+        }
+    }
+    let generated = text
+        .lines()
+        .find(|l| l.contains("generated"))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    eprintln!("schemathesis: {generated}");
+    assert!(
+        text.contains("generated"),
+        "schemathesis did not run:\n{text}"
+    );
+    assert!(
+        gated.is_empty(),
+        "server errors or schema violations: {gated:?}\n{text}"
+    );
+}
