@@ -104,12 +104,15 @@ impl Gate {
         let withdraw = || {
             let _ = actor.send_message(ConfirmMsg::Withdraw(self.request.key.clone()));
         };
+        // Cancel first: a call canceled while an allow was in flight
+        // never runs.
         tokio::select! {
-            d = rx => d.unwrap_or(Decision::Unavailable),
+            biased;
             _ = cancel.cancelled() => {
                 withdraw();
                 Decision::Withdrawn
             }
+            d = rx => d.unwrap_or(Decision::Unavailable),
             _ = tokio::time::sleep(self.wait + GATE_SLACK) => {
                 withdraw();
                 Decision::Expired
