@@ -67,6 +67,27 @@ pub struct ExecutorArgs {
     /// network.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// `always`: every tool call waits for a person at this machine to
+    /// allow it (`bmx confirm`), whatever its permission mode says; `ask`
+    /// (default): only calls whose `permission.mode` is `always_ask` wait.
+    #[arg(long, value_enum, default_value_t = ConfirmPolicy::Ask)]
+    pub confirm: ConfirmPolicy,
+    /// Seconds an `always_ask` call waits for a person (never past the
+    /// call's own deadline).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub confirm_timeout: u64,
+    /// The local confirmation socket (default `<work root>/confirm/confirm.sock`).
+    #[arg(long, value_name = "PATH")]
+    pub confirm_socket: Option<PathBuf>,
+}
+
+/// `--confirm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConfirmPolicy {
+    /// Ask only for calls that say `always_ask`.
+    Ask,
+    /// Ask for every call.
+    Always,
 }
 
 impl ExecutorArgs {
@@ -111,6 +132,9 @@ impl ExecutorArgs {
         config.max_processes_per_session = self.max_processes_per_session;
         config.process_buffer_bytes = self.process_buffer_bytes.max(1);
         config.deny_env.extend(self.deny_env);
+        config.confirm_always = self.confirm == ConfirmPolicy::Always;
+        config.confirm_timeout = std::time::Duration::from_secs(self.confirm_timeout.max(1));
+        config.confirm_socket = self.confirm_socket;
         // The daemon owns all its children: orphans come back to it.
         config.subreaper = true;
         config.journal = Some(config.work_root.join(bmx::executor::journal::FILE));

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 pub mod attach;
 pub mod bench;
+pub mod confirm;
 pub mod enroll;
 pub mod env;
 pub mod executor;
@@ -80,6 +81,9 @@ pub enum Command {
     Env(env::EnvCommand),
     /// Is the local runtime (`bmx up`) running?
     Status(status::StatusArgs),
+    /// List and answer the tool calls the local executor holds for a
+    /// person's confirmation (`always_ask`, `--confirm always`).
+    Confirm(confirm::ConfirmArgs),
 }
 
 /// Log targets of dependencies that print headers or frame payloads at
@@ -132,6 +136,7 @@ pub fn main() -> ExitCode {
             Command::Visor(ref v) if v.command.is_some() => "warn",
             // One answer on stdout; logs only when asked (RUST_LOG).
             Command::Targets(_) | Command::Env(_) | Command::Status(_) => "warn",
+            Command::Confirm(_) => "warn",
             _ => "info",
         },
         cli.log_format,
@@ -182,6 +187,7 @@ pub fn main() -> ExitCode {
             Command::Targets(args) => targets::run(args).await,
             Command::Env(cmd) => env::run(cmd).await,
             Command::Status(args) => status::run(args).await,
+            Command::Confirm(args) => confirm::run(args).await,
         }
     });
     // Dropping a runtime waits for every blocking task: one tool thread

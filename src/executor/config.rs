@@ -107,6 +107,15 @@ pub struct ExecutorConfig {
     /// there. `None`: kept in memory only. The daemon uses
     /// `<work_root>/journal.db`; one executor per file.
     pub journal: Option<PathBuf>,
+    /// `--confirm always`: every tool call waits for a person at this
+    /// machine (`always_ask`), whatever its `permission` says.
+    pub confirm_always: bool,
+    /// How long an `always_ask` call waits for a person (never past the
+    /// call's `deadlineMs`).
+    pub confirm_timeout: Duration,
+    /// The local confirmation socket; `None`:
+    /// `<work_root>/confirm/confirm.sock` (`executor::confirm::socket_path`).
+    pub confirm_socket: Option<PathBuf>,
 }
 
 impl ExecutorConfig {
@@ -147,6 +156,9 @@ impl ExecutorConfig {
                 period: Duration::from_secs(60),
             },
             journal: None,
+            confirm_always: false,
+            confirm_timeout: crate::executor::confirm::DEFAULT_TIMEOUT,
+            confirm_socket: None,
         }
     }
 }

@@ -14,6 +14,7 @@
 
 pub mod actors;
 pub mod config;
+pub mod confirm;
 pub mod journal;
 pub mod mcp;
 pub mod metrics;

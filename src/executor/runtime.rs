@@ -61,6 +61,9 @@ pub struct Shared {
     pub mcp_tunnels: DashMap<String, Arc<crate::executor::mcp::service::Tunnel>>,
     sessions_actor: RwLock<Option<ActorRef<SessionsMsg>>>,
     terminals_actor: RwLock<Option<ActorRef<TerminalsMsg>>>,
+    /// The confirmation actor, while its socket is up (`None`: nobody can
+    /// answer, `always_ask` calls fail at once).
+    confirm_actor: RwLock<Option<ActorRef<crate::executor::actors::confirm::ConfirmMsg>>>,
     draining: AtomicBool,
     /// Counters of this executor (`--metrics-listen`).
     pub metrics: super::metrics::Metrics,
@@ -94,6 +97,7 @@ impl Shared {
             mcp_tunnels: DashMap::new(),
             sessions_actor: RwLock::new(None),
             terminals_actor: RwLock::new(None),
+            confirm_actor: RwLock::new(None),
             draining: AtomicBool::new(false),
             metrics: super::metrics::Metrics::new().with_journal(journal.as_deref()),
             journal,
@@ -120,6 +124,7 @@ impl Shared {
                 crate::wire::LinkLimits::default().max_control_frame_bytes as u64,
             ),
             terminal: crate::executor::actors::terminals::capability(self),
+            tools: Some(self.tools_capability()),
             mcp: (self.config.mcp_max_servers > 0).then_some(McpCapability {
                 stdio: true,
                 http: true,
@@ -220,6 +225,38 @@ impl Shared {
     pub fn set_terminals_actor(&self, a: Option<ActorRef<TerminalsMsg>>) {
         if let Ok(mut g) = self.terminals_actor.write() {
             *g = a;
+        }
+    }
+
+    pub fn confirm_actor(&self) -> Option<ActorRef<crate::executor::actors::confirm::ConfirmMsg>> {
+        self.confirm_actor.read().ok()?.clone()
+    }
+
+    pub fn set_confirm_actor(
+        &self,
+        a: Option<ActorRef<crate::executor::actors::confirm::ConfirmMsg>>,
+    ) {
+        if let Ok(mut g) = self.confirm_actor.write() {
+            *g = a;
+        }
+    }
+
+    /// `capabilities.tools` (a bmx extension): the permission modes a
+    /// `tool.call` may name and this executor honors. `always_ask` only
+    /// while the confirmation socket is up; under `--confirm always` only
+    /// `always_ask` (an `always_allow` call is asked anyway).
+    pub fn tools_capability(&self) -> crate::wire::types::ToolsCapability {
+        let ask = self.confirm_actor().is_some();
+        let mut modes = Vec::new();
+        if !self.config.confirm_always {
+            modes.push("always_allow".to_owned());
+        }
+        if ask {
+            modes.push("always_ask".to_owned());
+        }
+        crate::wire::types::ToolsCapability {
+            permission_modes: modes,
+            local_confirmation: ask,
         }
     }
 

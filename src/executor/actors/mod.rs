@@ -8,11 +8,13 @@
 //! │       └── tool <id>
 //! ├── terminals           terminal actors by terminalId (permanent)
 //! │   └── terminal <id>   PTY, scrollback, streams, writer epoch (temporary)
+//! ├── confirm             local confirmation of tool calls + its socket (permanent)
 //! └── connection          dial, register, heartbeat, route (permanent,
 //!                         significant, reconnect backoff)
 //! ```
 
 pub mod agent;
+pub mod confirm;
 pub mod connection;
 pub mod mcp;
 pub mod process;

@@ -24,6 +24,15 @@ pub async fn start(
     let terminals =
         ChildSpec::restartable("terminals", Restart::Permanent, Terminals, shared.clone())
             .shutdown_timeout(Duration::from_secs(10));
+    // Before the connection: the advertised permission modes depend on
+    // whether its socket is up.
+    let confirm = ChildSpec::restartable(
+        "confirm",
+        Restart::Permanent,
+        super::confirm::Confirm,
+        shared.clone(),
+    )
+    .shutdown_timeout(Duration::from_secs(5));
     let connection =
         ChildSpec::restartable("connection", Restart::Permanent, Connection, shared.clone())
             .backoff(shared.config.reconnect_backoff)
@@ -35,7 +44,7 @@ pub async fn start(
         // Reconnects are bounded by the connection's own attempts, not by
         // an intensity window (a flapping network is not a crash loop).
         intensity: None,
-        children: vec![sessions, terminals, connection],
+        children: vec![sessions, terminals, confirm, connection],
     })
     .await
 }

@@ -1010,6 +1010,12 @@ impl Session {
             }
             return reply.ok(&Accepted::YES);
         }
+        if let Err(e) = crate::executor::confirm::effective_mode(
+            p.permission.as_ref(),
+            state.shared.config.confirm_always,
+        ) {
+            return reply.err(RpcError::invalid_params(e.to_string()));
+        }
         if p.tool.starts_with("computer_") {
             return reply.err(RpcError::capability_unavailable("computer"));
         }

@@ -3,8 +3,15 @@
 //! until the harness acknowledges it (with backoff, and again after every
 //! reconnect), so a result outlives the actor that produced it; a crash of
 //! this actor is answered by the session with an error result.
+//!
+//! A call under `always_ask` (its `permission.mode`, or `--confirm
+//! always`) first asks the confirmation actor and waits for its decision;
+//! only `Allowed` runs the tool. `deadlineMs` bounds the whole call, the
+//! wait included: the tool gets what is left of it.
 
+use super::confirm::ConfirmMsg;
 use super::session::{safe_name, session_scope, SessionMsg};
+use crate::executor::confirm::{self, Decision, Key, Mode};
 use crate::executor::Shared;
 use crate::tools::{Outcome as ToolOutcome, ToolContext, ToolOutput};
 use crate::wire::types::{
@@ -66,6 +73,85 @@ pub fn tool_scope(instance: &str, session_id: &str, tool_call_id: &str) -> Strin
     )
 }
 
+/// What an `always_ask` call needs to ask.
+struct Gate {
+    actor: Option<ActorRef<ConfirmMsg>>,
+    request: confirm::Request,
+    wait: Duration,
+}
+
+/// Slack past the confirmation deadline before the call stops waiting on
+/// its own (the actor's timer normally answers first).
+const GATE_SLACK: Duration = Duration::from_secs(2);
+
+impl Gate {
+    /// Ask and wait: the decision, `Withdrawn` when `cancel` fires first
+    /// (the entry is withdrawn so nobody can allow a call that is gone),
+    /// `Unavailable` when nobody can answer.
+    async fn ask(&self, cancel: &CancellationToken) -> Decision {
+        let Some(actor) = &self.actor else {
+            return Decision::Unavailable;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let asked = actor.send_message(ConfirmMsg::Ask {
+            request: self.request.clone(),
+            wait: self.wait,
+            reply: tx,
+        });
+        if asked.is_err() {
+            return Decision::Unavailable;
+        }
+        let withdraw = || {
+            let _ = actor.send_message(ConfirmMsg::Withdraw(self.request.key.clone()));
+        };
+        // Cancel first: a call canceled while an allow was in flight
+        // never runs.
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                withdraw();
+                Decision::Withdrawn
+            }
+            d = rx => d.unwrap_or(Decision::Unavailable),
+            _ = tokio::time::sleep(self.wait + GATE_SLACK) => {
+                withdraw();
+                Decision::Expired
+            }
+        }
+    }
+}
+
+/// The result of a call that did not run.
+fn refusal(decision: Decision, wait: Duration) -> ToolOutput {
+    let (outcome, text) = match decision {
+        Decision::Denied => (
+            ToolOutcome::Failed,
+            "denied by a person at the executor's machine".to_owned(),
+        ),
+        Decision::Expired => (
+            ToolOutcome::Failed,
+            format!(
+                "nobody at the executor's machine confirmed the call within {} ms",
+                wait.as_millis()
+            ),
+        ),
+        Decision::Withdrawn => (
+            ToolOutcome::Canceled,
+            "canceled while waiting for local confirmation".to_owned(),
+        ),
+        Decision::Unavailable | Decision::Allowed => (
+            ToolOutcome::Failed,
+            "the call needs local confirmation and nobody can give it now".to_owned(),
+        ),
+    };
+    ToolOutput {
+        outcome,
+        is_error: true,
+        text,
+        reason: decision.reason().map(str::to_owned),
+    }
+}
+
 impl Actor for ToolActor {
     type Msg = ToolMsg;
     type State = ToolState;
@@ -107,7 +193,35 @@ impl Actor for ToolActor {
         let tools = args.shared.tools.clone();
         let (tool, input, deadline) = (p.tool.clone(), p.input.clone(), p.deadline_ms);
         let (me, c) = (myself.clone(), cancel.clone());
+        // Validated by the session before this actor starts; a mode that
+        // still does not parse asks (the safe side).
+        let mode =
+            confirm::effective_mode(p.permission.as_ref(), args.shared.config.confirm_always)
+                .unwrap_or(Mode::AlwaysAsk);
+        let gate = (mode == Mode::AlwaysAsk).then(|| Gate {
+            actor: args.shared.confirm_actor(),
+            request: confirm::Request {
+                key: Key {
+                    session_id: p.session_id.clone(),
+                    tool_call_id: p.tool_call_id.clone(),
+                },
+                tool: p.tool.clone(),
+                summary: confirm::summarize(&p.input),
+            },
+            wait: confirm::wait_for(args.shared.config.confirm_timeout, p.deadline_ms),
+        });
+        let begun = Instant::now();
         tokio::spawn(async move {
+            if let Some(gate) = gate {
+                let decision = gate.ask(&c).await;
+                if decision != Decision::Allowed {
+                    let _ = me.send_message(ToolMsg::Done(refusal(decision, gate.wait)));
+                    return;
+                }
+            }
+            // What is left of the call's deadline after the wait.
+            let deadline =
+                deadline.map(|ms| ms.saturating_sub(begun.elapsed().as_millis() as u64).max(1));
             // A tool that panics is a failed call, never a call that hangs.
             let run = async move {
                 use futures_util::FutureExt;

@@ -27,6 +27,10 @@ wire_struct! {
         pub fs: Option<FsCapability>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub shell: Option<ShellCapability>,
+        /// `tools` (a bmx extension, docs/protocol.md): the tool-call
+        /// permission modes honored.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tools: Option<ToolsCapability>,
         /// `maxFrameBytes` (a bmx extension): the largest frame this peer
         /// reads before closing with 1009. The harness refuses a request
         /// that would not fit instead of sending it; a peer that does not
@@ -166,5 +170,18 @@ wire_struct! {
     #[derive(Default)]
     pub struct ShellCapability {
         pub enabled: bool,
+    }
+}
+
+wire_struct! {
+    /// `capabilities.tools` (a bmx extension): which
+    /// `tool.call.permission.mode`s this executor honors, and whether a
+    /// person at its machine can answer `always_ask` (`bmx confirm`).
+    #[derive(Default)]
+    pub struct ToolsCapability {
+        #[serde(default)]
+        pub permission_modes: Vec<String>,
+        #[serde(default)]
+        pub local_confirmation: bool,
     }
 }

@@ -1,0 +1,322 @@
+//! The confirmation actor: drives the [`Book`] of `executor::confirm` and
+//! serves the local socket `bmx confirm` talks to.
+//!
+//! A child of the executor's root supervisor (permanent). Tool-call actors
+//! that must ask send [`ConfirmMsg::Ask`] with a oneshot and wait on it (with
+//! a deadline of their own); a person's answer, the expiry timer and a
+//! withdrawal each resolve the entry once. If this actor dies, the
+//! oneshots of its waiters close and those calls end with
+//! `local_confirmation_unavailable`: nothing waits forever, nothing runs
+//! unconfirmed.
+
+use crate::executor::confirm::{
+    socket_path, AnswerError, Book, Decision, Key, LocalDecision, LocalRequest, LocalResponse,
+    Request, MAX_LINE,
+};
+use crate::executor::Shared;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+/// Local connections served at once; more wait in the accept queue.
+const MAX_CONNECTIONS: usize = 16;
+/// Requests one local connection may make.
+const MAX_REQUESTS_PER_CONNECTION: usize = 64;
+/// A local connection that sends nothing for this long is closed.
+const IDLE: Duration = Duration::from_secs(30);
+/// How long a local request waits for the actor.
+const ACTOR_ANSWER: Duration = Duration::from_secs(5);
+
+pub enum ConfirmMsg {
+    /// A tool call asks; `reply` gets the decision exactly once.
+    Ask {
+        request: Request,
+        wait: Duration,
+        reply: oneshot::Sender<Decision>,
+    },
+    /// The call was canceled or its session stopped.
+    Withdraw(Key),
+    /// A request from the local socket.
+    Local {
+        request: LocalRequest,
+        reply: oneshot::Sender<LocalResponse>,
+    },
+    /// The earliest deadline may have passed.
+    Tick,
+}
+
+#[derive(Clone)]
+pub struct Confirm;
+
+pub struct ConfirmState {
+    shared: Arc<Shared>,
+    book: Book,
+    /// Waiting calls by confirmation id (one per id: a repeated
+    /// `tool.call` never starts a second call actor).
+    waiters: HashMap<String, Vec<oneshot::Sender<Decision>>>,
+    /// The deadline the one armed timer is for.
+    armed: Option<Instant>,
+    listener: Option<tokio::task::JoinHandle<()>>,
+    path: Option<PathBuf>,
+}
+
+/// Bind `path` for the executor's user only: the directory 0700, the
+/// socket 0600. A socket file another live executor answers on is not
+/// taken over; a stale one (nobody listening) is replaced.
+fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                "another executor answers on this socket",
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+impl ConfirmState {
+    fn resolve(&mut self, id: &str, decision: Decision) {
+        for w in self.waiters.remove(id).unwrap_or_default() {
+            let _ = w.send(decision);
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        for (id, key) in self.book.expire(now) {
+            tracing::info!(confirmation = %id, session = %key.session_id, tool_call = %key.tool_call_id, "local confirmation expired");
+            self.resolve(&id, Decision::Expired);
+        }
+    }
+
+    /// One timer, for the earliest deadline.
+    fn arm(&mut self, myself: &ActorRef<ConfirmMsg>, now: Instant) {
+        let Some(next) = self.book.next_deadline() else {
+            self.armed = None;
+            return;
+        };
+        if self.armed.is_some_and(|a| a <= next && a > now) {
+            return;
+        }
+        self.armed = Some(next);
+        myself.send_after(next.saturating_duration_since(now), || ConfirmMsg::Tick);
+    }
+
+    fn local(&mut self, now: Instant, request: LocalRequest) -> LocalResponse {
+        match request {
+            LocalRequest::List => LocalResponse::list(self.book.list(now)),
+            LocalRequest::Answer { id, decision } => match self.book.answer(now, &id) {
+                Ok(key) => {
+                    let d = match decision {
+                        LocalDecision::Allow => Decision::Allowed,
+                        LocalDecision::Deny => Decision::Denied,
+                    };
+                    tracing::info!(confirmation = %id, session = %key.session_id, tool_call = %key.tool_call_id, decision = ?d, "local confirmation answered");
+                    self.resolve(&id, d);
+                    LocalResponse::answered(id)
+                }
+                Err(e @ AnswerError::Unknown(_)) => {
+                    LocalResponse::error("unknown_id", e.to_string())
+                }
+                Err(e @ AnswerError::Expired(_)) => LocalResponse::error("expired", e.to_string()),
+            },
+        }
+    }
+}
+
+/// Serve the local socket: peer uid checked, lines bounded, requests
+/// forwarded to the actor.
+async fn serve(listener: tokio::net::UnixListener, actor: ActorRef<ConfirmMsg>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "confirm socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let actor = actor.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            connection(stream, actor).await;
+        });
+    }
+}
+
+async fn connection(stream: tokio::net::UnixStream, actor: ActorRef<ConfirmMsg>) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let peer = stream.peer_cred().map(|c| c.uid());
+    let (read, mut write) = stream.into_split();
+    if peer.as_ref().ok() != Some(&me) {
+        tracing::warn!(?peer, "confirm socket: a peer of another user was refused");
+        let _ = write
+            .write_all(
+                LocalResponse::error("forbidden", "only the executor's user may answer")
+                    .line()
+                    .as_bytes(),
+            )
+            .await;
+        return;
+    }
+    let mut read = BufReader::new(read);
+    let mut buf = Vec::new();
+    for _ in 0..MAX_REQUESTS_PER_CONNECTION {
+        buf.clear();
+        let got = tokio::time::timeout(
+            IDLE,
+            (&mut read)
+                .take(MAX_LINE as u64 + 1)
+                .read_until(b'\n', &mut buf),
+        )
+        .await;
+        match got {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+        }
+        if buf.len() > MAX_LINE {
+            let line =
+                LocalResponse::error("too_large", format!("a line is at most {MAX_LINE} bytes"));
+            let _ = write.write_all(line.line().as_bytes()).await;
+            return;
+        }
+        let answer = match serde_json::from_slice::<LocalRequest>(&buf) {
+            Err(e) => LocalResponse::error("bad_request", e.to_string()),
+            Ok(request) => {
+                let (tx, rx) = oneshot::channel();
+                if actor
+                    .send_message(ConfirmMsg::Local { request, reply: tx })
+                    .is_err()
+                {
+                    LocalResponse::error("unavailable", "the executor is stopping")
+                } else {
+                    match tokio::time::timeout(ACTOR_ANSWER, rx).await {
+                        Ok(Ok(a)) => a,
+                        _ => LocalResponse::error("unavailable", "the executor did not answer"),
+                    }
+                }
+            }
+        };
+        if write.write_all(answer.line().as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Actor for Confirm {
+    type Msg = ConfirmMsg;
+    type State = ConfirmState;
+    type Arguments = Arc<Shared>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ConfirmMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<ConfirmState, ActorProcessingErr> {
+        let path = shared
+            .config
+            .confirm_socket
+            .clone()
+            .unwrap_or_else(|| socket_path(&shared.config.work_root));
+        // No socket: nobody could ever answer, so the actor is not
+        // published and `always_ask` calls fail at once (and the mode is
+        // not advertised).
+        let (listener, path) = match bind(&path) {
+            Ok(l) => {
+                let task = tokio::spawn(serve(l, myself.clone()));
+                shared.set_confirm_actor(Some(myself.clone()));
+                tracing::info!(socket = %path.display(), "local confirmation socket ready");
+                (Some(task), Some(path))
+            }
+            Err(e) => {
+                tracing::error!(socket = %path.display(), error = %e, "no local confirmation socket: always_ask calls will fail");
+                (None, None)
+            }
+        };
+        Ok(ConfirmState {
+            shared,
+            book: Book::default(),
+            waiters: HashMap::new(),
+            armed: None,
+            listener,
+            path,
+        })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ConfirmMsg>,
+        state: &mut ConfirmState,
+    ) -> Result<(), ActorProcessingErr> {
+        state.shared.set_confirm_actor(None);
+        if let Some(t) = state.listener.take() {
+            t.abort();
+        }
+        if let Some(p) = state.path.take() {
+            let _ = std::fs::remove_file(p);
+        }
+        // Dropping the waiters closes their oneshots: those calls end as
+        // `local_confirmation_unavailable`.
+        state.waiters.clear();
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ConfirmMsg>,
+        msg: ConfirmMsg,
+        state: &mut ConfirmState,
+    ) -> Result<(), ActorProcessingErr> {
+        let now = Instant::now();
+        state.expire(now);
+        match msg {
+            ConfirmMsg::Ask {
+                request,
+                wait,
+                reply,
+            } => {
+                let key = request.key.clone();
+                match state.book.ask(now, request, wait) {
+                    Ok(asked) => {
+                        if asked.fresh {
+                            tracing::info!(confirmation = %asked.id, session = %key.session_id, tool_call = %key.tool_call_id, "waiting for local confirmation");
+                        }
+                        state.waiters.entry(asked.id).or_default().push(reply);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "local confirmation refused");
+                        let _ = reply.send(Decision::Unavailable);
+                    }
+                }
+            }
+            ConfirmMsg::Withdraw(key) => {
+                if let Some(id) = state.book.withdraw(&key) {
+                    state.resolve(&id, Decision::Withdrawn);
+                }
+            }
+            ConfirmMsg::Local { request, reply } => {
+                let _ = reply.send(state.local(now, request));
+            }
+            ConfirmMsg::Tick => state.armed = None,
+        }
+        state.arm(&myself, now);
+        Ok(())
+    }
+}
