@@ -67,6 +67,12 @@ pub struct ExecutorArgs {
     /// network.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Git credentials granted to processes started with
+    /// `gitCredentials: true`: a JSON file of mode 0600,
+    /// `{"credentials": [{"host", "username", "password", "expiresAt"?}]}`,
+    /// read again at every grant (docs/security.md).
+    #[arg(long, value_name = "FILE")]
+    pub git_credentials: Option<PathBuf>,
 }
 
 impl ExecutorArgs {
@@ -111,6 +117,7 @@ impl ExecutorArgs {
         config.max_processes_per_session = self.max_processes_per_session;
         config.process_buffer_bytes = self.process_buffer_bytes.max(1);
         config.deny_env.extend(self.deny_env);
+        config.git_credentials = self.git_credentials;
         // The daemon owns all its children: orphans come back to it.
         config.subreaper = true;
         config.journal = Some(config.work_root.join(bmx::executor::journal::FILE));

@@ -107,6 +107,10 @@ pub struct ExecutorConfig {
     /// there. `None`: kept in memory only. The daemon uses
     /// `<work_root>/journal.db`; one executor per file.
     pub journal: Option<PathBuf>,
+    /// The git credentials the platform grants (`--git-credentials`, a
+    /// 0600 JSON file read at every grant; `executor::git_credentials`).
+    /// `None`: `process.gitCredentials` is not offered.
+    pub git_credentials: Option<PathBuf>,
 }
 
 impl ExecutorConfig {
@@ -147,6 +151,7 @@ impl ExecutorConfig {
                 period: Duration::from_secs(60),
             },
             journal: None,
+            git_credentials: None,
         }
     }
 }
