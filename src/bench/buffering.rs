@@ -191,6 +191,8 @@ fn start(argv: Vec<String>, io_mode: IoMode, wait_ms: Option<u64>) -> ProcessSta
         cols: None,
         rows: None,
         output_policy: Default::default(),
+        package_install: None,
+        git_credentials: false,
     }
 }
 
@@ -262,6 +264,8 @@ async fn e2e(
     let rig = rig(protocol, ring).await?;
     let p = ProcessStartParams {
         output_policy: policy,
+        package_install: None,
+        git_credentials: false,
         ..start(producer(bytes)?, IoMode::Pipe, None)
     };
     let started = Instant::now();

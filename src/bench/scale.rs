@@ -137,6 +137,8 @@ async fn measure(
                 cols: None,
                 rows: None,
                 output_policy: Default::default(),
+                package_install: None,
+                git_credentials: false,
             };
             let st: ProcessState = req(&link, Method::ProcessStart, &p).await?;
             match st.state {

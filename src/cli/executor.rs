@@ -79,6 +79,12 @@ pub struct ExecutorArgs {
     /// The local confirmation socket (default `<work root>/confirm/confirm.sock`).
     #[arg(long, value_name = "PATH")]
     pub confirm_socket: Option<PathBuf>,
+    /// Git credentials granted to processes started with
+    /// `gitCredentials: true`: a JSON file of mode 0600,
+    /// `{"credentials": [{"host", "username", "password", "expiresAt"?}]}`,
+    /// read again at every grant (docs/security.md).
+    #[arg(long, value_name = "FILE")]
+    pub git_credentials: Option<PathBuf>,
 }
 
 /// `--confirm`.
@@ -135,6 +141,7 @@ impl ExecutorArgs {
         config.confirm_always = self.confirm == ConfirmPolicy::Always;
         config.confirm_timeout = std::time::Duration::from_secs(self.confirm_timeout.max(1));
         config.confirm_socket = self.confirm_socket;
+        config.git_credentials = self.git_credentials;
         // The daemon owns all its children: orphans come back to it.
         config.subreaper = true;
         config.journal = Some(config.work_root.join(bmx::executor::journal::FILE));

@@ -116,6 +116,10 @@ pub struct ExecutorConfig {
     /// The local confirmation socket; `None`:
     /// `<work_root>/confirm/confirm.sock` (`executor::confirm::socket_path`).
     pub confirm_socket: Option<PathBuf>,
+    /// The git credentials the platform grants (`--git-credentials`, a
+    /// 0600 JSON file read at every grant; `executor::git_credentials`).
+    /// `None`: `process.gitCredentials` is not offered.
+    pub git_credentials: Option<PathBuf>,
 }
 
 impl ExecutorConfig {
@@ -159,6 +163,7 @@ impl ExecutorConfig {
             confirm_always: false,
             confirm_timeout: crate::executor::confirm::DEFAULT_TIMEOUT,
             confirm_socket: None,
+            git_credentials: None,
         }
     }
 }

@@ -22,6 +22,9 @@ pub mod outbox;
 pub mod runtime;
 pub mod stdio_peer;
 pub mod stop;
+// Issue 15 (part A): package install, git credentials.
+pub mod git_credentials;
+pub mod packages;
 
 pub use config::{ExecutorConfig, TokenSource};
 pub use runtime::Shared;

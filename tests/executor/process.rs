@@ -811,6 +811,8 @@ async fn lossless_output_holds_the_producer_back_and_loses_no_byte() {
         let id = format!("{policy:?}");
         let p = ProcessStartParams {
             output_policy: policy,
+            package_install: None,
+            git_credentials: false,
             // The control waits for the end: by then its ring has lapped.
             wait_ms: (policy == OutputPolicy::Ring).then_some(60_000),
             ..start_params("s", &id, &argv)
@@ -847,6 +849,8 @@ async fn a_blocked_lossless_process_ends_with_its_session() {
     let tag = format!("lossless-{}", std::process::id());
     let p = ProcessStartParams {
         output_policy: OutputPolicy::Lossless,
+        package_install: None,
+        git_credentials: false,
         ..start_params(
             "s",
             "yes",

@@ -437,6 +437,8 @@ pub fn start_params(session_id: &str, process_id: &str, argv: &[&str]) -> Proces
         cols: None,
         rows: None,
         output_policy: Default::default(),
+        package_install: None,
+        git_credentials: false,
     }
 }
 

@@ -323,6 +323,9 @@ pub struct ProcessData {
     /// Time zero of the lifecycle's clock.
     origin: Instant,
     read_slots: Arc<Semaphore>,
+    /// `gitCredentials`: this process's `GIT_ASKPASS` helper, removed
+    /// (dropped) when the process ends.
+    askpass: Option<crate::executor::git_credentials::Askpass>,
 }
 
 struct Spawned {
@@ -523,6 +526,9 @@ impl ProcessData {
                     myself.send_after(after, || ProcessMsg::Tick);
                 }
                 Effect::Ended(outcome) => {
+                    // The git credential helper goes before anyone hears
+                    // of the end (issue 15).
+                    self.askpass = None;
                     self.status.send_replace(Status::ended(&outcome));
                     self.announce();
                 }
@@ -620,8 +626,15 @@ impl Actor for ProcessActor {
             life: Lifecycle::spawn_failed(),
             origin: Instant::now(),
             read_slots: args.read_slots,
+            askpass: None,
             spec: args.spec,
         };
+        // Granted before the spawn; a refused grant is a failed spawn with
+        // the reason as its message (never the secret: see GrantError).
+        let askpass = state
+            .spec
+            .git_credentials
+            .then(|| crate::executor::git_credentials::grant(&args.shared.config));
         let spawned = resolve_cwd(&args.workspace, state.spec.cwd.as_deref())
             .map_err(|e| {
                 e.message
@@ -631,13 +644,21 @@ impl Actor for ProcessActor {
                         .unwrap_or_default()
             })
             .and_then(|cwd| {
-                let env =
+                let mut env =
                     build_env(&args.shared, &state.spec, &state.scope).map_err(|e| e.message)?;
+                if let Some(granted) = &askpass {
+                    let helper = granted.as_ref().map_err(|e| e.to_string())?;
+                    for (k, v) in helper.env() {
+                        env.retain(|(name, _)| *name != k);
+                        env.push((k, v));
+                    }
+                }
                 spawn(&state.spec, cwd, env).map_err(|e| format!("{}: {e}", state.spec.argv[0]))
             });
         match spawned {
             Ok(s) => {
                 state.pid = Some(s.pid);
+                state.askpass = askpass.and_then(Result::ok);
                 tokio::spawn(pump(s.stdout, state.stdout.clone()));
                 match s.stderr {
                     Some(fd) => {

@@ -939,17 +939,28 @@ impl Session {
                 "maxProcesses ({max}) live processes in this session"
             )));
         }
-        if spec.argv.is_empty() {
+        // `packageInstall`: the executor's argv (`executor::packages`), in
+        // what runs; the spec kept for idempotent retries stays as sent.
+        let mut run = spec.clone();
+        if let Some(install) = &spec.package_install {
+            match crate::executor::packages::prepare(&state.workspace, &spec, install) {
+                Ok(r) => run = r,
+                Err(e) => return reply.err(e),
+            }
+        }
+        if run.argv.is_empty() {
             return reply.err(RpcError::invalid_params("argv must not be empty"));
+        }
+        if spec.git_credentials && state.shared.config.git_credentials.is_none() {
+            return reply.err(RpcError::capability_unavailable("process.gitCredentials"));
         }
         // Refuse what may never run before anything starts: a cwd outside
         // the workspace, a denied environment variable.
-        if let Err(e) = super::process::check_spec(&state.shared, &state.workspace, &spec) {
+        if let Err(e) = super::process::check_spec(&state.shared, &state.workspace, &run) {
             return reply.err(e);
         }
         // The `service` servers' endpoints, unless the spec sets them (in
         // what runs, not in the spec kept for idempotent retries).
-        let mut run = spec.clone();
         if !state.services.is_empty() {
             let env = run.env.get_or_insert_with(Default::default);
             for (key, t) in &state.services {

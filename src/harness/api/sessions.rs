@@ -101,6 +101,8 @@ pub fn process_params(process_id: impl Into<String>, argv: Vec<String>) -> Proce
         cols: None,
         rows: None,
         output_policy: Default::default(),
+        package_install: None,
+        git_credentials: false,
     }
 }
 

@@ -37,6 +37,10 @@ wire_struct! {
     pub struct ProcessStartParams {
         pub session_id: String,
         pub process_id: String,
+        /// Empty (or absent) with `packageInstall`: the executor builds
+        /// the argv then (docs/protocol.md, "Files, packages and git
+        /// credentials").
+        #[serde(default)]
         pub argv: Vec<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub cwd: Option<String>,
@@ -63,6 +67,24 @@ wire_struct! {
         /// `ring` (default) or `lossless` (bmx extension).
         #[serde(default, skip_serializing_if = "is_default")]
         pub output_policy: OutputPolicy,
+        /// Install packages with one of the allowed managers; the
+        /// executor maps it to an argv (never a shell string).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub package_install: Option<ProcessPackageInstall>,
+        /// Run with a `GIT_ASKPASS` helper holding the executor's granted
+        /// git credential, for this process only.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub git_credentials: bool,
+    }
+}
+
+wire_struct! {
+    /// `process.start.packageInstall` (the seed's `ProcessPackageInstall`):
+    /// `manager` is `apt`, `pip` or `npm`; a string rather than an enum so
+    /// an unknown manager is refused with a reason, not a decode error.
+    pub struct ProcessPackageInstall {
+        pub manager: String,
+        pub packages: Vec<String>,
     }
 }
 
