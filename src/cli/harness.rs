@@ -46,7 +46,8 @@ pub struct HarnessArgs {
     /// or when executors are remote.
     #[arg(long, env = "BMX_PUBLIC_URL")]
     pub public_url: Option<String>,
-    /// Where enrollments and issued credentials are kept (SQLite).
+    /// Where enrollments, issued credentials, sessions, fencing counters
+    /// and acknowledged tool results are kept (SQLite, docs/store.md).
     /// Default: `$BMX_HOME/harness`, else `~/.bmx/harness`.
     #[arg(long, env = "BMX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -159,10 +160,15 @@ impl HarnessArgs {
             .data_dir
             .clone()
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
-        let store = bmx::harness::store::SqliteStore::open_dir(&data_dir)
+        let store = std::sync::Arc::new(
+            bmx::harness::store::SqliteStore::open_dir(&data_dir)
+                .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?,
+        );
+        let durable = bmx::harness::store::DurableState::open(store.clone())
             .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
         let mut b = Harness::builder()
-            .enrollment_store(std::sync::Arc::new(store))
+            .durable_state(durable)
+            .enrollment_store(store)
             .enrollment_timing(
                 Duration::from_secs(self.enrollment_ttl_secs.max(1)),
                 Duration::from_millis(self.enrollment_poll_ms),
@@ -248,7 +254,23 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let mut state =
         bmx::runner::claims::claim_local(args.port, &args.executor_id, args.work_root.as_deref());
     let token = uuid::Uuid::new_v4().simple().to_string();
+    // Sessions and fencing counters survive a restart of `bmx up` too, in
+    // a data dir of its own per port (the port is claimed above, so one
+    // process per dir).
+    let data_dir = bmx::runner::credentials::bmx_home()
+        .join("up")
+        .join(args.port.to_string());
+    let durable = match bmx::harness::store::SqliteStore::open_dir(&data_dir)
+        .and_then(|s| bmx::harness::store::DurableState::open(std::sync::Arc::new(s)))
+    {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("bmx up: {}: {e}", data_dir.display());
+            return ExitCode::from(1);
+        }
+    };
     let h: HarnessHandle = match Harness::builder()
+        .durable_state(durable)
         .listen(SocketAddr::from(([127, 0, 0, 1], args.port)))
         .token(args.executor_id.clone(), token.clone())
         .build()

@@ -117,6 +117,7 @@ pub struct HarnessBuilder {
     on_event: Option<EventCallback>,
     store: Option<Arc<dyn LeaseStore>>,
     enrollment_store: Option<Arc<dyn store::Store>>,
+    durable: Option<store::DurableState>,
 }
 
 impl HarnessBuilder {
@@ -199,6 +200,15 @@ impl HarnessBuilder {
         self
     }
 
+    /// Keep the harness's state in `state` (docs/store.md): fencing tokens
+    /// come from it (replacing [`lease_store`](Self::lease_store)),
+    /// sessions and acknowledged tool results are written through, and a
+    /// harness started over the same store knows every session again.
+    pub fn durable_state(mut self, state: store::DurableState) -> Self {
+        self.durable = Some(state);
+        self
+    }
+
     /// Enable device enrollment (docs/runner.md) with enrollments and
     /// issued credentials kept in `store`; its credentials are accepted
     /// at the executors' upgrade beside the static tokens.
@@ -262,13 +272,22 @@ impl HarnessBuilder {
         })?;
         let relay_base = http::relay::relay_base(config.public_url.as_deref(), addr)
             .map_err(HarnessError::PublicUrl)?;
-        let store = self
-            .store
-            .unwrap_or_else(|| Arc::new(MemoryLeaseStore::new()));
+        let store: Arc<dyn LeaseStore> = match (&self.durable, self.store) {
+            (Some(d), _) => Arc::new(d.clone()),
+            (None, Some(s)) => s,
+            (None, None) => Arc::new(MemoryLeaseStore::new()),
+        };
         let unix_path = config.listen_unix.clone();
         let shared = Shared::new(config, authenticate, self.on_event);
         if let Some(e) = enrollments {
             let _ = shared.enrollments.set(e);
+        }
+        if let Some(d) = self.durable {
+            // Before the leases actor starts: it rebuilds from these.
+            runtime::restore_sessions(&shared, &d)
+                .await
+                .map_err(|e| HarnessError::Spawn(e.to_string()))?;
+            let _ = shared.durable.set(d);
         }
         let _ = shared.relay_base.set(relay_base);
         // The root starts `leases` then `connections`; the API and the
@@ -417,6 +436,10 @@ impl HarnessHandle {
         }
         if let Some(unix) = self.unix.take() {
             let _ = unix.await;
+        }
+        // Flush what the actors queued before they stopped.
+        if let Some(d) = self.shared.durable.get().cloned() {
+            let _ = tokio::task::spawn_blocking(move || d.shutdown()).await;
         }
     }
 

@@ -20,6 +20,8 @@ use super::api::mcp::McpToolsView;
 use crate::harness::api::terminals::TerminalRegistry;
 use crate::harness::config::{Authenticator, EventCallback, HarnessConfig};
 use crate::harness::http::relay::Relays;
+use crate::harness::store::durable::StoredSession;
+use crate::harness::store::{DurableState, StoreError};
 use crate::harness::types::{HarnessEvent, SessionInfo};
 use crate::lease::ConnId;
 use crate::supervisor::DynamicMsg;
@@ -115,6 +117,9 @@ pub struct Shared {
     /// Device enrollment and its credentials (`None`: not enabled, the
     /// routes answer 404).
     pub enrollments: OnceLock<Arc<crate::harness::api::enrollments::Enrollments>>,
+    /// Where sessions and tool results are written through (unset: kept
+    /// in memory only). Written only by the leases actor.
+    pub durable: OnceLock<DurableState>,
 }
 
 impl Shared {
@@ -153,6 +158,7 @@ impl Shared {
             origin: Instant::now(),
             shutdown: CancellationToken::new(),
             enrollments: OnceLock::new(),
+            durable: OnceLock::new(),
         })
     }
 
@@ -291,4 +297,58 @@ impl Shared {
     pub fn authenticate(&self, token: Option<&str>) -> Option<String> {
         token.and_then(|t| (self.authenticate)(t))
     }
+
+    /// A session's record as the store keeps it: the published record, and
+    /// when its orphaned lease runs out as a unix time (this process's
+    /// monotonic clock means nothing to the next one).
+    pub(crate) fn stored_session(&self, session_id: &str) -> Option<StoredSession> {
+        let info = self.sessions.get(session_id)?.clone();
+        let lease_expires_at_ms = self.lease_deadlines.get(session_id).map(|d| {
+            let left = d.saturating_sub(self.now_ms());
+            unix_ms().saturating_add(left)
+        });
+        Some(StoredSession {
+            info,
+            lease_expires_at_ms,
+        })
+    }
+}
+
+/// Milliseconds since the unix epoch (0 if the clock is before it).
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Load the sessions of an earlier run into `shared`, for the leases actor
+/// to rebuild from (as after its own crash): their holders are gone, so
+/// each live one is orphaned and waits for its executor's resume. An
+/// orphaned lease keeps what was left of its deadline, at most one TTL.
+pub(crate) async fn restore_sessions(
+    shared: &Shared,
+    durable: &DurableState,
+) -> Result<usize, StoreError> {
+    let d = durable.clone();
+    let (sessions, _) = tokio::task::spawn_blocking(move || d.load())
+        .await
+        .map_err(|e| StoreError::Unavailable(e.to_string()))??;
+    let now = shared.now_ms();
+    let wall = unix_ms();
+    let ttl = shared.config.lease_ttl_ms;
+    let n = sessions.len();
+    for s in sessions {
+        let id = s.info.session_id.clone();
+        if s.info.state != crate::harness::types::SessionState::Ended {
+            if let Some(at) = s.lease_expires_at_ms {
+                let left = at.saturating_sub(wall).min(ttl);
+                shared.lease_deadlines.insert(id.clone(), now + left);
+            }
+        }
+        shared.sessions.insert(id, s.info);
+    }
+    if n > 0 {
+        tracing::info!(sessions = n, "sessions restored from the store");
+    }
+    Ok(n)
 }

@@ -81,4 +81,8 @@ pub enum LeaseError {
         /// The executor currently holding the lease.
         holder: String,
     },
+    /// The [`LeaseStore`] could not issue a fencing token without risking
+    /// reuse (its durable reservation is being extended); retry.
+    #[error("no fencing token can be issued right now; retry")]
+    StoreUnavailable,
 }

@@ -19,7 +19,12 @@ pub trait LeaseStore: Send + Sync {
     /// Issues and records the next token for `session_id`; strictly greater
     /// than every token issued before for that id. The first token is 1, so
     /// 0 can stand for "none yet".
-    fn next_fencing_token(&self, session_id: &str) -> u64;
+    ///
+    /// `None` when no token can be issued right now without risking reuse
+    /// (a durable store whose reserved range ran out before its next write
+    /// completed): the grant is refused and may be retried, rather than
+    /// the caller blocking on a disk write.
+    fn next_fencing_token(&self, session_id: &str) -> Option<u64>;
 
     /// The last token issued for `session_id`, if any was.
     fn current(&self, session_id: &str) -> Option<u64>;
@@ -52,11 +57,11 @@ impl MemoryLeaseStore {
 }
 
 impl LeaseStore for MemoryLeaseStore {
-    fn next_fencing_token(&self, session_id: &str) -> u64 {
+    fn next_fencing_token(&self, session_id: &str) -> Option<u64> {
         let mut map = self.map();
         let next = map.get(session_id).map_or(1, |last| last.saturating_add(1));
         map.insert(session_id.to_owned(), next);
-        next
+        Some(next)
     }
 
     fn current(&self, session_id: &str) -> Option<u64> {
@@ -72,9 +77,9 @@ mod tests {
     fn tokens_start_at_one_and_increase_per_session() {
         let store = MemoryLeaseStore::new();
         assert_eq!(store.current("a"), None);
-        assert_eq!(store.next_fencing_token("a"), 1);
-        assert_eq!(store.next_fencing_token("a"), 2);
-        assert_eq!(store.next_fencing_token("b"), 1);
+        assert_eq!(store.next_fencing_token("a"), Some(1));
+        assert_eq!(store.next_fencing_token("a"), Some(2));
+        assert_eq!(store.next_fencing_token("b"), Some(1));
         assert_eq!(store.current("a"), Some(2));
         assert_eq!(store.current("b"), Some(1));
     }
@@ -82,7 +87,7 @@ mod tests {
     #[test]
     fn poisoned_lock_still_serves_tokens() {
         let store = std::sync::Arc::new(MemoryLeaseStore::new());
-        assert_eq!(store.next_fencing_token("a"), 1);
+        assert_eq!(store.next_fencing_token("a"), Some(1));
         let poisoner = std::sync::Arc::clone(&store);
         let joined = std::thread::spawn(move || {
             let _guard = poisoner.last.lock();
@@ -90,6 +95,6 @@ mod tests {
         })
         .join();
         assert!(joined.is_err());
-        assert_eq!(store.next_fencing_token("a"), 2);
+        assert_eq!(store.next_fencing_token("a"), Some(2));
     }
 }

@@ -366,7 +366,10 @@ impl LeaseTable {
                 holder: lease.executor_id.clone(),
             });
         }
-        let fencing_token = self.store.next_fencing_token(session_id);
+        let fencing_token = self
+            .store
+            .next_fencing_token(session_id)
+            .ok_or(LeaseError::StoreUnavailable)?;
         let lease_token = format!("lease-{session_id}-{fencing_token}");
         self.leases.insert(
             session_id.to_owned(),

@@ -34,6 +34,7 @@ use super::turns::{self, TurnsMsg};
 use crate::harness::api::mcp::McpServerInfo;
 use crate::harness::error::ApiError;
 use crate::harness::runtime::Shared;
+use crate::harness::store::durable::StoredResult;
 use crate::harness::types::{HarnessEvent, SessionInfo, SessionState};
 use crate::lease::session_view::{Restored, ViewEntry};
 use crate::lease::{
@@ -74,6 +75,9 @@ pub struct Assignment {
     pub grant: Grant,
     pub executor_id: String,
     pub link: Link,
+    /// The store ticket of the session's record: `session.assign` goes out
+    /// only once it is durable (docs/store.md). `None`: no durable store.
+    pub durable: Option<u64>,
 }
 
 pub enum LeasesMsg {
@@ -176,7 +180,16 @@ impl Actor for Leases {
         myself: ActorRef<LeasesMsg>,
         args: LeasesArgs,
     ) -> Result<LeasesState, ActorProcessingErr> {
-        let state = LeasesState::rebuild(args.shared, args.store);
+        let mut state = LeasesState::rebuild(args.shared, args.store);
+        // Delivered results come back from the store, so a resent
+        // `tool.result` stays a duplicate across a crash or a restart.
+        if let Some(d) = state.shared.durable.get().cloned() {
+            match tokio::task::spawn_blocking(move || d.load()).await {
+                Ok(Ok((_, results))) => state.seed_results(results),
+                Ok(Err(e)) => return Err(Box::new(e)),
+                Err(e) => return Err(Box::new(e)),
+            }
+        }
         // Reap whatever ran out while no actor was watching, and arm the timer.
         myself.send_message(LeasesMsg::Tick)?;
         state.shared.set_leases(myself);
@@ -312,6 +325,37 @@ impl LeasesState {
         self.shared.now_ms()
     }
 
+    /// Results of the sessions' current grants, oldest first, as delivered
+    /// (no waiter can exist yet).
+    fn seed_results(&mut self, results: Vec<StoredResult>) {
+        let mut n = 0usize;
+        for r in results {
+            let current = self.views.get(&r.session_id).is_some_and(|v| {
+                v.fencing_token == r.fencing_token && v.state != SessionState::Ended
+            });
+            if current {
+                let _ = self.tools.result(&r.session_id, &r.tool_call_id, r.result);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            tracing::info!(
+                results = n,
+                "delivered tool results restored from the store"
+            );
+        }
+    }
+
+    /// Write a session's record through to the durable store (if any);
+    /// the ticket says when it is durable.
+    fn persist(&self, session_id: &str) -> Option<u64> {
+        let d = self.shared.durable.get()?;
+        match self.shared.stored_session(session_id) {
+            Some(s) => Some(d.put_session(s)),
+            None => Some(d.delete_session(session_id)),
+        }
+    }
+
     /// Publish what the session-view core decided.
     fn apply(&mut self, effects: Vec<ViewEffect<StopWaiter>>) {
         for effect in effects {
@@ -320,6 +364,7 @@ impl LeasesState {
                     if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
                         rec.state = state;
                     }
+                    self.persist(&session_id);
                 }
                 ViewEffect::Assigned {
                     session_id,
@@ -339,6 +384,7 @@ impl LeasesState {
                     turns::forget(&self.shared, &session_id);
                     self.shared.sessions.remove(&session_id);
                     self.shared.lease_deadlines.remove(&session_id);
+                    self.persist(&session_id);
                 }
             }
         }
@@ -349,6 +395,7 @@ impl LeasesState {
         for s in sessions {
             if let Some(at) = self.table.holder(s).and_then(|h| h.expires_at) {
                 self.shared.lease_deadlines.insert(s.clone(), at);
+                self.persist(s);
             }
         }
     }
@@ -453,6 +500,7 @@ impl LeasesState {
             if let Some(mut rec) = self.shared.sessions.get_mut(s) {
                 rec.connection_id = conn_str.clone();
             }
+            self.persist(s);
         }
         let effects = self.views.resumed(&r.kept);
         self.apply(effects);
@@ -531,6 +579,9 @@ impl LeasesState {
                     "executor {executor_id:?} is not connected"
                 )))
             }
+            Err(LeaseError::StoreUnavailable) => {
+                return Err(store_unavailable("no fencing token could be reserved yet"))
+            }
             Err(e) => {
                 return Err(ApiError::rpc(RpcError::conflict(
                     "already_leased",
@@ -573,10 +624,12 @@ impl LeasesState {
                 mcp_servers,
             },
         );
+        let durable = self.persist(&session_id);
         Ok(Assignment {
             grant,
             executor_id,
             link: entry.link,
+            durable,
         })
     }
 
@@ -703,6 +756,7 @@ impl LeasesState {
             rec.ended_reason = Some(reason.to_owned());
             rec.clone()
         });
+        self.persist(session_id);
         tracing::info!(session = %session_id, %reason, "session ended");
         for (id, w) in self.tools.end(session_id) {
             let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
@@ -803,6 +857,7 @@ impl LeasesState {
                     }
                     None => Vec::new(),
                 };
+                self.persist(&session_id);
                 // Every server has answered `initialize` (or failed): list
                 // the tools of each over its channel.
                 for key in mcp_keys {
@@ -868,8 +923,7 @@ impl LeasesState {
                 let Some(p) = decode_params::<ToolResultParams>(&frame, &mut reply) else {
                     return;
                 };
-                self.tool_result(p);
-                answer(reply, Ok(Accepted::YES));
+                self.tool_result(p, reply);
             }
             Method::ToolProgress => {
                 if let Some(p) = decode_params::<ToolProgressParams>(&frame, &mut reply) {
@@ -938,18 +992,73 @@ impl LeasesState {
 
     /// Exactly once: the first result for a `toolCallId` goes to its
     /// waiters and the event stream; repeats are only acknowledged.
-    fn tool_result(&mut self, p: ToolResultParams) {
+    ///
+    /// With a durable store, the acknowledgement and the delivery wait for
+    /// the result's commit (run by the store's writer): a harness killed
+    /// before it never acknowledged, so the executor sends it again; one
+    /// killed after it finds the result in the store. A duplicate is
+    /// acknowledged only once the first copy is durable, for the same
+    /// reason. A full write queue refuses the frame as retryable.
+    fn tool_result(&mut self, p: ToolResultParams, reply: Option<Responder>) {
+        let durable = self.shared.durable.get().cloned();
+        if durable.as_ref().is_some_and(|d| !d.has_room(1)) {
+            return answer::<Accepted>(
+                reply,
+                Err(
+                    RpcError::internal("the harness store is busy; send it again")
+                        .with_reason("store_busy")
+                        .with_retryable(true),
+                ),
+            );
+        }
         let (session_id, call_id) = (p.session_id.clone(), p.tool_call_id.clone());
-        match self.tools.result(&session_id, &call_id, p) {
-            Delivery::Duplicate => {
+        let fencing_token = self.views.get(&session_id).map_or(0, |v| v.fencing_token);
+        match (self.tools.result(&session_id, &call_id, p), durable) {
+            (Delivery::Duplicate, None) => {
                 tracing::debug!(tool_call = %call_id, "duplicate tool.result acknowledged");
+                answer(reply, Ok(Accepted::YES));
             }
-            Delivery::Deliver { waiters, result } => {
+            (Delivery::Duplicate, Some(d)) => {
+                tracing::debug!(tool_call = %call_id, "duplicate tool.result acknowledged once durable");
+                d.after_commit(Box::new(move || answer(reply, Ok(Accepted::YES))));
+            }
+            (Delivery::Deliver { waiters, result }, None) => {
                 for w in waiters {
                     let _ = w.send(Ok(result.clone()));
                 }
                 self.shared.emit(HarnessEvent::ToolResult(result));
+                answer(reply, Ok(Accepted::YES));
+            }
+            (Delivery::Deliver { waiters, result }, Some(d)) => {
+                let shared = self.shared.clone();
+                let stored = StoredResult {
+                    session_id,
+                    fencing_token,
+                    tool_call_id: call_id,
+                    result: result.clone(),
+                };
+                d.put_result(
+                    stored,
+                    Box::new(move || {
+                        for w in waiters {
+                            let _ = w.send(Ok(result.clone()));
+                        }
+                        shared.emit(HarnessEvent::ToolResult(result));
+                        answer(reply, Ok(Accepted::YES));
+                    }),
+                );
             }
         }
     }
+}
+
+/// The durable store could not take a write in time: retryable.
+pub(crate) fn store_unavailable(detail: impl Into<String>) -> ApiError {
+    ApiError::with_status(
+        503,
+        RpcError::internal("the harness store is unavailable")
+            .with_reason("store_unavailable")
+            .with_retryable(true)
+            .with_detail(detail),
+    )
 }

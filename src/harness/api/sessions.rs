@@ -160,6 +160,22 @@ impl Sessions {
         .await??;
         let session_id = a.grant.session_id.clone();
         let token = a.grant.fencing_token;
+        // The session's record is durable before the executor hears of it:
+        // a harness killed after `session.assign` went out knows the
+        // session when the executor comes back to resume it.
+        if let (Some(ticket), Some(d)) = (a.durable, shared.durable.get()) {
+            if let Err(e) = d.wait_durable(ticket, shared.config.request_timeout).await {
+                let err = crate::harness::actors::leases::store_unavailable(e.to_string());
+                let _ = shared
+                    .send_leases(LeasesMsg::AssignAnswered {
+                        session_id: session_id.clone(),
+                        fencing_token: token,
+                        result: Err(err.clone()),
+                    })
+                    .await;
+                return Err(err);
+            }
+        }
         let params = AssignParams {
             session_id: session_id.clone(),
             work_id: session_id.clone(),

@@ -1,5 +1,7 @@
 //! What the harness keeps across restarts: device enrollments and the
-//! executor credentials they issued (docs/runner.md).
+//! executor credentials they issued (docs/runner.md), and, through
+//! [`DurableState`], fencing counters, sessions and acknowledged tool
+//! results (docs/store.md).
 //!
 //! Behind a trait so a scaled-out harness can put PostgreSQL behind the
 //! same calls; the default is embedded SQLite ([`sqlite::SqliteStore`]):
@@ -11,11 +13,13 @@
 //! Calls block (a disk write); async callers run them on the blocking
 //! pool (`tokio::task::spawn_blocking`).
 
+pub mod durable;
 pub mod sqlite;
 
 use crate::harness::enroll::Enrollment;
 use serde::Serialize;
 
+pub use durable::DurableState;
 pub use sqlite::SqliteStore;
 
 /// Why a store call failed.
@@ -29,6 +33,11 @@ pub enum StoreError {
     TooNew { found: i64, known: i64 },
     #[error("store: corrupt row: {0}")]
     Corrupt(String),
+    #[error("store: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A write did not become durable in time, or the writer stopped.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// An issued executor credential (never the token, only its hash).

@@ -40,6 +40,31 @@ const MIGRATIONS: &[&str] = &[
         created_at_ms INTEGER NOT NULL,
         revoked_at_ms INTEGER
     );",
+    // 2: durable harness state (docs/store.md): the fencing high-water
+    // mark, the platform's sessions, tool results not to lose.
+    "CREATE TABLE fencing (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        reserved INTEGER NOT NULL
+    );
+    INSERT INTO fencing (id, reserved) VALUES (1, 0);
+    CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        executor_id TEXT NOT NULL,
+        fencing_token INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        connection_id TEXT,
+        lease_expires_at_ms INTEGER,
+        ended_reason TEXT,
+        info TEXT NOT NULL
+    );
+    CREATE TABLE tool_results (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        session_id TEXT NOT NULL,
+        fencing_token INTEGER NOT NULL,
+        tool_call_id TEXT NOT NULL,
+        result TEXT NOT NULL,
+        UNIQUE (session_id, tool_call_id)
+    );",
 ];
 
 /// The SQLite store. One connection behind a mutex: the harness's write
@@ -103,7 +128,7 @@ impl SqliteStore {
             .query_row("PRAGMA user_version", [], |r| r.get(0))?)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.conn
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

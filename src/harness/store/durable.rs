@@ -1,0 +1,641 @@
+//! Durable harness state over the embedded store (docs/store.md): the
+//! fencing high-water mark, the platform's sessions and the tool results
+//! acknowledged to executors.
+//!
+//! SQLite calls block, and the leases actor that decides leases runs on the
+//! async threads, so nothing here writes on the caller's thread. Writes are
+//! queued and a dedicated writer thread commits them in batches, one
+//! transaction each; a caller that must not go on before its write is
+//! durable gets a *ticket* and waits for it ([`DurableState::wait_durable`])
+//! or hands over a closure run after the commit ([`DurableState::put_result`]).
+//!
+//! The ordering rules that make a SIGKILL safe:
+//!
+//! * **Fencing tokens** come from blocks reserved in the database *before*
+//!   any token of the block is issued (`UPDATE fencing SET reserved =
+//!   reserved + N RETURNING reserved`, one transaction). A restarted
+//!   harness starts from a fresh block above everything reserved, so a
+//!   token handed out before a crash is never handed out again, whether or
+//!   not the session that got it was written. The next block is reserved
+//!   in the background when half the current one is used; if it runs out
+//!   first, a grant is refused (retryable) instead of blocking on the disk.
+//! * **Sessions** are written through on every change of state, holder or
+//!   grant (the newest snapshot of a session wins, so a queue of writes is
+//!   bounded by the number of sessions). `session.assign` goes out only
+//!   after the session's row is durable.
+//! * **Tool results** are acknowledged to the executor (which resends until
+//!   acknowledged) and handed to the platform only after they are durable:
+//!   a crash before the commit means the executor sends the result again.
+
+use super::{SqliteStore, StoreError};
+use crate::harness::types::{SessionInfo, SessionState};
+use crate::lease::LeaseStore;
+use crate::wire::types::ToolResultParams;
+use rusqlite::params;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Fencing tokens reserved per database write. At most this many token
+/// values are skipped per restart; `u64` makes that free.
+pub const FENCING_BLOCK: u64 = 4096;
+
+/// Writes (tool results and acknowledgements waiting for a commit) queued
+/// at most; past it a `tool.result` is refused as retryable, never dropped.
+pub const MAX_QUEUED: usize = 4096;
+
+/// Tool results kept per session (the leases actor keeps as many).
+pub const RESULTS_KEPT_PER_SESSION: usize = 256;
+
+/// The writer thread wakes at least this often (to notice an abandoned
+/// store when no one called [`DurableState::shutdown`]).
+const IDLE_WAKE: Duration = Duration::from_secs(1);
+
+/// Longest pause between retries of a failed write.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// A failed write is retried this many times once shutdown began, then
+/// given up (its acknowledgements are never sent: the executor resends).
+const RETRIES_AT_SHUTDOWN: u32 = 3;
+
+/// A session as kept: the platform's record and, while its holder is lost,
+/// when its orphaned lease runs out (unix ms; the harness's own clock is
+/// monotonic and means nothing to the next process).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredSession {
+    pub info: SessionInfo,
+    pub lease_expires_at_ms: Option<u64>,
+}
+
+/// A `tool.result` that was acknowledged to its executor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredResult {
+    pub session_id: String,
+    /// The grant the result came under; results of an older grant of a
+    /// reused session id are not loaded.
+    pub fencing_token: u64,
+    pub tool_call_id: String,
+    pub result: ToolResultParams,
+}
+
+/// Run once the write it was queued with is durable.
+pub type AfterCommit = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct Batch {
+    /// `None`: delete the session (and its results).
+    sessions: HashMap<String, Option<StoredSession>>,
+    results: Vec<StoredResult>,
+    reserve: bool,
+    after: Vec<AfterCommit>,
+}
+
+impl Batch {
+    fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+            && self.results.is_empty()
+            && !self.reserve
+            && self.after.is_empty()
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    /// The last ticket handed out.
+    seq: u64,
+    pending: Batch,
+    stop: bool,
+}
+
+struct Fence {
+    /// The next token of the current block, and its last.
+    next: u64,
+    end: u64,
+    /// The block reserved after the current one, if any.
+    spare: Option<(u64, u64)>,
+    refilling: bool,
+    /// The last token issued per session id by this process, or loaded.
+    current: HashMap<String, u64>,
+}
+
+struct Inner {
+    db: Arc<SqliteStore>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+    fence: Mutex<Fence>,
+    /// The highest ticket whose write is committed.
+    durable: watch::Sender<u64>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section below leaves the data consistent between
+    // statements; a panic elsewhere must not stop the store.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The durable harness state: a [`LeaseStore`] whose tokens survive
+/// restarts, plus the write-through of sessions and tool results.
+///
+/// Cheap to clone; [`shutdown`](Self::shutdown) flushes and stops the
+/// writer thread (also stopped, after a flush, once every clone is gone).
+#[derive(Clone)]
+pub struct DurableState {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for DurableState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DurableState")
+    }
+}
+
+impl DurableState {
+    /// Open over `db` (migrated): reserve a first block of fencing tokens
+    /// above everything reserved before, and start the writer thread.
+    ///
+    /// Blocks on one write: call it at startup, or on the blocking pool.
+    ///
+    /// # Errors
+    ///
+    /// The reservation cannot be written, or the thread cannot start.
+    pub fn open(db: Arc<SqliteStore>) -> Result<DurableState, StoreError> {
+        let (start, end) = {
+            let mut conn = db.lock();
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let block = reserve(&tx)?;
+            tx.commit()?;
+            block
+        };
+        let current = {
+            let conn = db.lock();
+            let mut stmt = conn.prepare("SELECT session_id, fencing_token FROM sessions")?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            let mut m = HashMap::new();
+            for row in rows {
+                let (id, t) = row?;
+                m.insert(id, t as u64);
+            }
+            m
+        };
+        tracing::info!(first = start, "fencing tokens reserved");
+        let inner = Arc::new(Inner {
+            db,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            fence: Mutex::new(Fence {
+                next: start,
+                end,
+                spare: None,
+                refilling: false,
+                current,
+            }),
+            durable: watch::channel(0).0,
+            writer: Mutex::new(None),
+        });
+        let for_thread = inner.clone();
+        let handle = std::thread::Builder::new()
+            .name("bmx-store-writer".into())
+            .spawn(move || run_writer(for_thread))?;
+        *lock(&inner.writer) = Some(handle);
+        Ok(DurableState { inner })
+    }
+
+    /// Everything kept: sessions (any order) and tool results (oldest
+    /// first, only those of each session's current grant). Blocking.
+    ///
+    /// # Errors
+    ///
+    /// SQLite fails or a row does not decode.
+    pub fn load(&self) -> Result<(Vec<StoredSession>, Vec<StoredResult>), StoreError> {
+        let conn = self.inner.db.lock();
+        let mut stmt = conn.prepare("SELECT info, lease_expires_at_ms FROM sessions")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+        })?;
+        let mut sessions = Vec::new();
+        for row in rows {
+            let (info, expires) = row?;
+            let info: SessionInfo = serde_json::from_str(&info)?;
+            sessions.push(StoredSession {
+                info,
+                lease_expires_at_ms: expires.map(|v| v as u64),
+            });
+        }
+        let mut stmt = conn.prepare(
+            "SELECT r.session_id, r.fencing_token, r.tool_call_id, r.result \
+             FROM tool_results r JOIN sessions s \
+               ON s.session_id = r.session_id AND s.fencing_token = r.fencing_token \
+             ORDER BY r.seq",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut results = Vec::new();
+        for row in rows {
+            let (session_id, token, tool_call_id, result) = row?;
+            results.push(StoredResult {
+                session_id,
+                fencing_token: token as u64,
+                tool_call_id,
+                result: serde_json::from_str(&result)?,
+            });
+        }
+        Ok((sessions, results))
+    }
+
+    /// Queue the newest snapshot of a session; returns its ticket.
+    pub fn put_session(&self, session: StoredSession) -> u64 {
+        self.enqueue(|b| {
+            b.sessions
+                .insert(session.info.session_id.clone(), Some(session));
+        })
+    }
+
+    /// Queue the removal of a session and its results (retention forgot it).
+    pub fn delete_session(&self, session_id: &str) -> u64 {
+        self.enqueue(|b| {
+            b.sessions.insert(session_id.to_owned(), None);
+        })
+    }
+
+    /// Whether `n` more results or acknowledgements fit in the queue.
+    pub fn has_room(&self, n: usize) -> bool {
+        let q = lock(&self.inner.queue);
+        q.pending.results.len() + q.pending.after.len() + n <= MAX_QUEUED
+    }
+
+    /// Queue a tool result; `then` runs on the writer thread once it is
+    /// committed (acknowledge the executor, hand it to waiters there).
+    /// Check [`has_room`](Self::has_room) first: past [`MAX_QUEUED`] the
+    /// write is still queued (never dropped), only the bound is exceeded.
+    pub fn put_result(&self, result: StoredResult, then: AfterCommit) -> u64 {
+        self.enqueue(|b| {
+            b.results.push(result);
+            b.after.push(then);
+        })
+    }
+
+    /// Run `then` once everything queued so far is committed.
+    pub fn after_commit(&self, then: AfterCommit) -> u64 {
+        self.enqueue(|b| b.after.push(then))
+    }
+
+    /// Wait until the write of `ticket` is committed, at most `limit`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] when the commit did not come in time
+    /// (the disk fails, or is too slow) or the writer stopped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: the write stays queued either way.
+    pub async fn wait_durable(&self, ticket: u64, limit: Duration) -> Result<(), StoreError> {
+        let mut rx = self.inner.durable.subscribe();
+        let waited = tokio::time::timeout(limit, rx.wait_for(|d| *d >= ticket))
+            .await
+            .map(|r| r.map(|_| ()));
+        match waited {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(StoreError::Unavailable("the store writer stopped".into())),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the write was not durable within {limit:?}"
+            ))),
+        }
+    }
+
+    /// Flush what is queued and stop the writer thread. Blocking (run it
+    /// on the blocking pool from async code); idempotent.
+    pub fn shutdown(&self) {
+        lock(&self.inner.queue).stop = true;
+        self.inner.wake.notify_all();
+        let handle = lock(&self.inner.writer).take();
+        if let Some(h) = handle {
+            if h.join().is_err() {
+                tracing::error!("the store writer thread panicked");
+            }
+        }
+    }
+
+    fn enqueue(&self, f: impl FnOnce(&mut Batch)) -> u64 {
+        let mut q = lock(&self.inner.queue);
+        f(&mut q.pending);
+        q.seq += 1;
+        let seq = q.seq;
+        drop(q);
+        self.inner.wake.notify_one();
+        seq
+    }
+
+    fn request_reserve(&self) {
+        self.enqueue(|b| b.reserve = true);
+    }
+}
+
+impl LeaseStore for DurableState {
+    fn next_fencing_token(&self, session_id: &str) -> Option<u64> {
+        let mut f = lock(&self.inner.fence);
+        if f.next > f.end {
+            match f.spare.take() {
+                Some((start, end)) => (f.next, f.end) = (start, end),
+                None => {
+                    let ask = !f.refilling;
+                    f.refilling = true;
+                    drop(f);
+                    if ask {
+                        self.request_reserve();
+                    }
+                    tracing::warn!("fencing block used up before the next was reserved");
+                    return None;
+                }
+            }
+        }
+        let token = f.next;
+        f.next += 1;
+        f.current.insert(session_id.to_owned(), token);
+        let ask = f.spare.is_none() && !f.refilling && f.end - token < FENCING_BLOCK / 2;
+        if ask {
+            f.refilling = true;
+        }
+        drop(f);
+        if ask {
+            self.request_reserve();
+        }
+        Some(token)
+    }
+
+    fn current(&self, session_id: &str) -> Option<u64> {
+        lock(&self.inner.fence).current.get(session_id).copied()
+    }
+}
+
+/// Reserve the next block: `(first, last)` token, strictly above every
+/// block reserved before in this database (by any process).
+fn reserve(tx: &rusqlite::Transaction<'_>) -> Result<(u64, u64), StoreError> {
+    let last: i64 = tx.query_row(
+        "UPDATE fencing SET reserved = reserved + ?1 WHERE id = 1 RETURNING reserved",
+        params![FENCING_BLOCK as i64],
+        |r| r.get(0),
+    )?;
+    let last =
+        u64::try_from(last).map_err(|_| StoreError::Corrupt("negative fencing mark".into()))?;
+    Ok((last - FENCING_BLOCK + 1, last))
+}
+
+fn state_name(s: SessionState) -> &'static str {
+    match s {
+        SessionState::Assigning => "assigning",
+        SessionState::Active => "active",
+        SessionState::Disconnected => "disconnected",
+        SessionState::Stopping => "stopping",
+        SessionState::Ended => "ended",
+    }
+}
+
+/// Commit one batch in one transaction; the reserved block, if asked.
+fn write(db: &SqliteStore, b: &Batch) -> Result<Option<(u64, u64)>, StoreError> {
+    let mut conn = db.lock();
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    for (id, row) in &b.sessions {
+        match row {
+            Some(s) => {
+                let i = &s.info;
+                tx.execute(
+                    "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
+                     connection_id, lease_expires_at_ms, ended_reason, info) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     ON CONFLICT(session_id) DO UPDATE SET executor_id = excluded.executor_id, \
+                     fencing_token = excluded.fencing_token, state = excluded.state, \
+                     connection_id = excluded.connection_id, \
+                     lease_expires_at_ms = excluded.lease_expires_at_ms, \
+                     ended_reason = excluded.ended_reason, info = excluded.info",
+                    params![
+                        id,
+                        i.executor_id,
+                        i.fencing_token as i64,
+                        state_name(i.state),
+                        i.connection_id,
+                        s.lease_expires_at_ms.map(|v| v as i64),
+                        i.ended_reason,
+                        serde_json::to_string(i)?,
+                    ],
+                )?;
+            }
+            None => {
+                tx.execute("DELETE FROM sessions WHERE session_id = ?1", params![id])?;
+                tx.execute(
+                    "DELETE FROM tool_results WHERE session_id = ?1",
+                    params![id],
+                )?;
+            }
+        }
+    }
+    for r in &b.results {
+        tx.execute(
+            "INSERT OR REPLACE INTO tool_results (session_id, fencing_token, tool_call_id, result) \
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                r.session_id,
+                r.fencing_token as i64,
+                r.tool_call_id,
+                serde_json::to_string(&r.result)?,
+            ],
+        )?;
+        tx.execute(
+            "DELETE FROM tool_results WHERE session_id = ?1 AND seq NOT IN \
+             (SELECT seq FROM tool_results WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2)",
+            params![r.session_id, RESULTS_KEPT_PER_SESSION as i64],
+        )?;
+    }
+    let block = if b.reserve { Some(reserve(&tx)?) } else { None };
+    tx.commit()?;
+    Ok(block)
+}
+
+fn run_writer(inner: Arc<Inner>) {
+    loop {
+        let (batch, seq) = {
+            let mut q = lock(&inner.queue);
+            loop {
+                if !q.pending.is_empty() {
+                    break;
+                }
+                // Nothing to write: stop when asked, or when every handle
+                // is gone (only this thread's is left).
+                if q.stop || Arc::strong_count(&inner) == 1 {
+                    return;
+                }
+                q = inner
+                    .wake
+                    .wait_timeout(q, IDLE_WAKE)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            (std::mem::take(&mut q.pending), q.seq)
+        };
+        let mut pause = Duration::from_millis(50);
+        let mut attempts = 0u32;
+        let written = loop {
+            match write(&inner.db, &batch) {
+                Ok(block) => break Some(block),
+                Err(e) => {
+                    attempts += 1;
+                    tracing::error!(error = %e, attempts, "store write failed; retrying");
+                    if lock(&inner.queue).stop && attempts >= RETRIES_AT_SHUTDOWN {
+                        break None;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        };
+        let Some(block) = written else {
+            tracing::error!("store writes given up at shutdown; executors will resend");
+            return;
+        };
+        if let Some(block) = block {
+            let mut f = lock(&inner.fence);
+            f.spare = Some(block);
+            f.refilling = false;
+        }
+        inner.durable.send_replace(seq);
+        for then in batch.after {
+            then();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str, token: u64, state: SessionState) -> SessionInfo {
+        SessionInfo {
+            session_id: id.into(),
+            executor_id: "e1".into(),
+            connection_id: Some("c-1".into()),
+            fencing_token: token,
+            lease_token: format!("lease-{id}-{token}"),
+            state,
+            ready: true,
+            status: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            ended_at: None,
+            ended_reason: None,
+            metadata: Default::default(),
+            processes: Vec::new(),
+            mcp_servers: Vec::new(),
+        }
+    }
+
+    fn open(dir: &std::path::Path) -> DurableState {
+        DurableState::open(Arc::new(SqliteStore::open_dir(dir).unwrap())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn tokens_never_go_back_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(dir.path());
+        let a = d.next_fencing_token("s").unwrap();
+        let b = d.next_fencing_token("s").unwrap();
+        assert!(b > a);
+        d.shutdown();
+        drop(d);
+        let d = open(dir.path());
+        let c = d.next_fencing_token("s").unwrap();
+        assert!(c > b, "{c} after a reopen must exceed {b}");
+        d.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_used_up_block_is_refilled_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(dir.path());
+        let mut last = 0;
+        let mut refused = 0;
+        for _ in 0..(3 * FENCING_BLOCK) {
+            match d.next_fencing_token("s") {
+                Some(t) => {
+                    assert!(t > last);
+                    last = t;
+                }
+                None => {
+                    refused += 1;
+                    // Let the writer commit the reservation it was asked for.
+                    let seq = lock(&d.inner.queue).seq;
+                    d.wait_durable(seq, Duration::from_secs(10)).await.unwrap();
+                }
+            }
+        }
+        assert!(last >= 2 * FENCING_BLOCK, "last {last}, refused {refused}");
+        d.shutdown();
+    }
+
+    #[tokio::test]
+    async fn sessions_and_results_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(dir.path());
+        d.put_session(StoredSession {
+            info: info("s1", 3, SessionState::Active),
+            lease_expires_at_ms: None,
+        });
+        d.put_session(StoredSession {
+            info: info("s2", 4, SessionState::Disconnected),
+            lease_expires_at_ms: Some(12_345),
+        });
+        let result: ToolResultParams = serde_json::from_value(serde_json::json!({
+            "sessionId": "s1", "toolCallId": "t1", "outcome": "succeeded",
+            "isError": false, "durationMs": 5
+        }))
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = d.put_result(
+            StoredResult {
+                session_id: "s1".into(),
+                fencing_token: 3,
+                tool_call_id: "t1".into(),
+                result: result.clone(),
+            },
+            Box::new(move || tx.send(()).unwrap()),
+        );
+        // A result of an older grant is not loaded.
+        d.put_result(
+            StoredResult {
+                session_id: "s1".into(),
+                fencing_token: 2,
+                tool_call_id: "t0".into(),
+                result: result.clone(),
+            },
+            Box::new(|| {}),
+        );
+        let gone = d.delete_session("s3");
+        d.wait_durable(t.max(gone), Duration::from_secs(10))
+            .await
+            .unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        d.shutdown();
+        drop(d);
+        let d = open(dir.path());
+        let (mut sessions, results) = d.load().unwrap();
+        sessions.sort_by(|a, b| a.info.session_id.cmp(&b.info.session_id));
+        assert_eq!(sessions.len(), 2);
+        assert_eq!(sessions[0].info, info("s1", 3, SessionState::Active));
+        assert_eq!(sessions[1].lease_expires_at_ms, Some(12_345));
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0].tool_call_id, "t1");
+        assert_eq!(results[0].result, result);
+        assert_eq!(d.current("s2"), Some(4));
+        d.delete_session("s1");
+        d.shutdown();
+        let (sessions, results) = d.load().unwrap();
+        assert_eq!(sessions.len(), 1);
+        assert!(results.is_empty());
+    }
+}
