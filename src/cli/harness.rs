@@ -161,7 +161,11 @@ impl HarnessArgs {
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
         let store = bmx::harness::store::SqliteStore::open_dir(&data_dir)
             .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
+        // Artifacts (issue 15): content-addressed files under the data dir.
+        let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
+            .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;
         let mut b = Harness::builder()
+            .blob_store(std::sync::Arc::new(blobs))
             .enrollment_store(std::sync::Arc::new(store))
             .enrollment_timing(
                 Duration::from_secs(self.enrollment_ttl_secs.max(1)),

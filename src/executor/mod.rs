@@ -13,6 +13,7 @@
 //! ```
 
 pub mod actors;
+pub mod artifacts;
 pub mod config;
 pub mod journal;
 pub mod mcp;

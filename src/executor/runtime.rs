@@ -115,6 +115,10 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            artifacts: Some(crate::wire::types::ArtifactsCapability {
+                upload: true,
+                max_bytes: Some(crate::executor::artifacts::MAX_BYTES),
+            }),
             // What the executor's reader accepts (`LinkLimits::default`).
             max_frame_bytes: Some(
                 crate::wire::LinkLimits::default().max_control_frame_bytes as u64,

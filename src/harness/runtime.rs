@@ -115,6 +115,11 @@ pub struct Shared {
     /// Device enrollment and its credentials (`None`: not enabled, the
     /// routes answer 404).
     pub enrollments: OnceLock<Arc<crate::harness::api::enrollments::Enrollments>>,
+    /// Where artifacts (and later backups, skills) are kept (`None`: no
+    /// data dir, artifact uploads answer 501).
+    pub blobs: OnceLock<Arc<dyn crate::harness::blob::BlobStore>>,
+    /// Upload tickets and the artifact index.
+    pub artifacts: crate::harness::api::artifacts::Artifacts,
 }
 
 impl Shared {
@@ -153,6 +158,8 @@ impl Shared {
             origin: Instant::now(),
             shutdown: CancellationToken::new(),
             enrollments: OnceLock::new(),
+            blobs: OnceLock::new(),
+            artifacts: Default::default(),
         })
     }
 

@@ -18,11 +18,12 @@ use super::error::RpcError;
 use super::frame::Inbound;
 use super::method::{Method, Owner};
 use super::types::{
-    AssignParams, DrainParams, InteractionResponseParams, McpCloseParams, McpFrameParams,
-    McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams, ProcessTerminateParams,
-    ProcessWriteParams, SessionCloseParams, SessionRefParams, StopParams, TerminalAttachParams,
-    TerminalCloseParams, TerminalInputParams, TerminalOpenParams, TerminalResizeParams,
-    ToolCallParams, ToolCancelParams, TurnCancelParams, TurnInputParams, TurnStartParams,
+    ArtifactUploadParams, AssignParams, DrainParams, InteractionResponseParams, McpCloseParams,
+    McpFrameParams, McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams,
+    ProcessTerminateParams, ProcessWriteParams, SessionCloseParams, SessionRefParams, StopParams,
+    TerminalAttachParams, TerminalCloseParams, TerminalInputParams, TerminalOpenParams,
+    TerminalResizeParams, ToolCallParams, ToolCancelParams, TurnCancelParams, TurnInputParams,
+    TurnStartParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field
@@ -161,6 +162,7 @@ requests! {
         ToolCall(ToolCallParams),
         ToolCancel(ToolCancelParams),
         SessionClose(SessionCloseParams),
+        ArtifactUpload(ArtifactUploadParams),
     }
 
     /// Agent turns and their interactions, by `sessionId`: the session owns

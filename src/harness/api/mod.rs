@@ -1,6 +1,7 @@
 //! What a platform calls: sessions (processes, tools) and terminals. The
 //! HTTP routes in [`super::http`] are a thin layer over these.
 
+pub mod artifacts;
 pub mod enrollments;
 pub mod mcp;
 pub mod sessions;
