@@ -16,7 +16,10 @@
 
 use crate::tools::beneath::{self, Beneath, Kind};
 use crate::tools::boundary;
-use crate::wire::types::{ArtifactUploadParams, ArtifactUploadResult, UploadBegin, UploadStatus};
+use crate::wire::types::{
+    ArtifactRef, ArtifactUploadParams, ArtifactUploadResult, UploadBegin, UploadStatus,
+    UploadTarget,
+};
 use crate::wire::RpcError;
 use sha2::Digest as _;
 use std::fs::File;
@@ -64,7 +67,7 @@ fn boundary_error(e: boundary::BoundaryError) -> RpcError {
 
 /// Open `path` in `workspace` for reading: a regular file, inside, with its
 /// size. Blocking.
-fn open(workspace: &Path, path: &str) -> Result<(File, u64), RpcError> {
+pub(crate) fn open(workspace: &Path, path: &str) -> Result<(File, u64), RpcError> {
     let resolved = boundary::resolve(workspace, path).map_err(boundary_error)?;
     let io = |e: std::io::Error| {
         if beneath::is_swapped(&e) || e.raw_os_error() == Some(libc::EXDEV) {
@@ -88,7 +91,7 @@ fn open(workspace: &Path, path: &str) -> Result<(File, u64), RpcError> {
 }
 
 /// The digest of the first `size` bytes of `f`. Blocking.
-fn digest(f: &File, size: u64) -> std::io::Result<String> {
+pub(crate) fn digest(f: &File, size: u64) -> std::io::Result<String> {
     let mut h = sha2::Sha256::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut at = 0u64;
@@ -194,21 +197,46 @@ pub async fn upload(
         .mime_type
         .clone()
         .unwrap_or_else(|| mime_of(&name).to_owned());
-    let begin = serde_json::to_vec(&UploadBegin {
-        digest: digest.clone(),
-        size_bytes: size,
-        name,
-        mime_type,
-    })
-    .map_err(|e| RpcError::internal(e.to_string()))?;
+    let artifact = send(
+        &p.session_id,
+        file,
+        size,
+        UploadBegin {
+            digest,
+            size_bytes: size,
+            name,
+            mime_type,
+        },
+        &p.upload,
+    )
+    .await?;
+    Ok(ArtifactUploadResult { artifact })
+}
+
+/// Send `size` bytes of `file` (whose digest `begin` declares) to
+/// `target`, resuming after cuts; the stored artifact.
+///
+/// # Errors
+///
+/// The harness's refusal as it sent it; -32603 when it stays unreachable
+/// for [`MAX_ATTEMPTS`] tries in a row; -32008 past the deadline.
+pub async fn send(
+    session_id: &str,
+    file: Arc<File>,
+    size: u64,
+    begin: UploadBegin,
+    target: &UploadTarget,
+) -> Result<ArtifactRef, RpcError> {
+    let digest = begin.digest.clone();
+    let begin = serde_json::to_vec(&begin).map_err(|e| RpcError::internal(e.to_string()))?;
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| RpcError::internal(format!("http client: {e}")))?;
-    let url = p.upload.url.as_str();
-    let ticket = p.upload.ticket.as_str();
+    let url = target.url.as_str();
+    let ticket = target.ticket.as_str();
     let deadline = tokio::time::Instant::now() + DEADLINE;
-    let span = tracing::info_span!("artifact.upload", session = %p.session_id, %digest, size);
+    let span = tracing::info_span!("artifact.upload", session = %session_id, %digest, size);
 
     let mut failures = 0u32;
     // `None`: ask the harness where it stands (first, and after a failure).
@@ -251,7 +279,7 @@ pub async fn upload(
         match step {
             Step::Status(s) => {
                 if let Some(artifact) = s.artifact {
-                    return Ok(ArtifactUploadResult { artifact });
+                    return Ok(artifact);
                 }
                 if s.offset > size {
                     return Err(RpcError::internal(format!(

@@ -14,12 +14,14 @@
 
 pub mod actors;
 pub mod artifacts;
+pub mod backup;
 pub mod config;
 pub mod journal;
 pub mod mcp;
 pub mod metrics;
 pub mod outbox;
 pub mod runtime;
+pub mod skills;
 pub mod stdio_peer;
 pub mod stop;
 

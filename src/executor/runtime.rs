@@ -119,6 +119,8 @@ impl Shared {
                 upload: true,
                 max_bytes: Some(crate::executor::artifacts::MAX_BYTES),
             }),
+            workspace: Some(crate::wire::types::WorkspaceCapability { backup: true }),
+            skills: Some(crate::wire::types::SkillsCapability { install: true }),
             // What the executor's reader accepts (`LinkLimits::default`).
             max_frame_bytes: Some(
                 crate::wire::LinkLimits::default().max_control_frame_bytes as u64,

@@ -20,10 +20,10 @@ use super::method::{Method, Owner};
 use super::types::{
     ArtifactUploadParams, AssignParams, DrainParams, InteractionResponseParams, McpCloseParams,
     McpFrameParams, McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams,
-    ProcessTerminateParams, ProcessWriteParams, SessionCloseParams, SessionRefParams, StopParams,
-    TerminalAttachParams, TerminalCloseParams, TerminalInputParams, TerminalOpenParams,
-    TerminalResizeParams, ToolCallParams, ToolCancelParams, TurnCancelParams, TurnInputParams,
-    TurnStartParams,
+    ProcessTerminateParams, ProcessWriteParams, SessionCloseParams, SessionRefParams,
+    SkillInstallParams, StopParams, TerminalAttachParams, TerminalCloseParams, TerminalInputParams,
+    TerminalOpenParams, TerminalResizeParams, ToolCallParams, ToolCancelParams, TurnCancelParams,
+    TurnInputParams, TurnStartParams, WorkspaceBackupParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field
@@ -163,6 +163,8 @@ requests! {
         ToolCancel(ToolCancelParams),
         SessionClose(SessionCloseParams),
         ArtifactUpload(ArtifactUploadParams),
+        WorkspaceBackup(WorkspaceBackupParams),
+        SkillInstall(SkillInstallParams),
     }
 
     /// Agent turns and their interactions, by `sessionId`: the session owns
@@ -243,8 +245,8 @@ mod tests {
                 let e = decode(spec.method, &f).unwrap_err();
                 assert_eq!(e.code, ErrorCode::InvalidParams.code(), "{}", spec.name);
             }
-            let f = frame(codec, Method::WorkspaceBackup, &serde_json::json!({}));
-            let e = decode(Method::WorkspaceBackup, &f).unwrap_err();
+            let f = frame(codec, Method::FsMount, &serde_json::json!({}));
+            let e = decode(Method::FsMount, &f).unwrap_err();
             assert_eq!(e.code, ErrorCode::MethodNotFound.code());
         }
     }

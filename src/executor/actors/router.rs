@@ -41,8 +41,6 @@ impl ExecutorRouter {
 fn not_built(method: Method) -> Option<&'static str> {
     use Method::*;
     match method {
-        WorkspaceBackup => Some("workspace"),
-        SkillInstall => Some("skills"),
         FsMount | FsUnmount => Some("fs"),
         _ => None,
     }

@@ -79,9 +79,14 @@ struct Index {
 pub struct Artifacts {
     uploads: Mutex<HashMap<String, Upload>>,
     index: Mutex<Index>,
+    /// Workspace backups by session, oldest first ([`super::backups`]):
+    /// their archives are artifacts, so they live beside them.
+    pub(crate) backups: Mutex<HashMap<String, Vec<super::backups::BackupView>>>,
+    /// Published skill revisions and their download tokens.
+    pub skills: super::skills::Skills,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -137,7 +142,11 @@ fn check_label(what: &str, s: &str, max: usize) -> Result<(), ApiError> {
 
 impl Artifacts {
     /// A new upload ticket for `session_id`: `(id, bearer)`.
-    fn mint(&self, session_id: &str, ttl: Duration) -> Result<(String, String), ApiError> {
+    pub(crate) fn mint(
+        &self,
+        session_id: &str,
+        ttl: Duration,
+    ) -> Result<(String, String), ApiError> {
         let now = Instant::now();
         let mut uploads = lock(&self.uploads);
         uploads.retain(|_, u| u.expires > now);
@@ -161,7 +170,7 @@ impl Artifacts {
         Ok((id.clone(), format!("{id}.{secret}")))
     }
 
-    fn forget_upload(&self, id: &str) {
+    pub(crate) fn forget_upload(&self, id: &str) {
         lock(&self.uploads).remove(id);
     }
 
@@ -270,7 +279,10 @@ pub(crate) fn http_base(shared: &Shared) -> String {
 }
 
 /// Whether the executor holding `session_id` advertises `artifacts.upload`.
-fn executor_uploads(shared: &Shared, session_id: &str) -> Result<bool, ApiError> {
+pub(crate) fn executor_caps(
+    shared: &Shared,
+    session_id: &str,
+) -> Result<crate::wire::types::Capabilities, ApiError> {
     let info = shared
         .sessions
         .get(session_id)
@@ -282,8 +294,8 @@ fn executor_uploads(shared: &Shared, session_id: &str) -> Result<bool, ApiError>
     Ok(shared
         .conns
         .get(&conn)
-        .and_then(|c| c.capabilities.artifacts.clone())
-        .is_some_and(|a| a.upload))
+        .map(|c| c.capabilities.clone())
+        .unwrap_or_default())
 }
 
 impl Session {
@@ -308,7 +320,8 @@ impl Session {
         if req.path.is_empty() || req.path.len() > 4096 || req.path.contains('\0') {
             return Err(ApiError::bad_request("path must be 1..4096 bytes, no NUL"));
         }
-        if !executor_uploads(&self.shared, &self.id)? {
+        let caps = executor_caps(&self.shared, &self.id)?;
+        if !caps.artifacts.is_some_and(|a| a.upload) {
             return Err(ApiError::rpc(RpcError::capability_unavailable("artifacts")));
         }
         let timeout = self.shared.config.tool_timeout;

@@ -214,8 +214,16 @@ impl BlobStore for FsBlobStore {
             let target = self.final_path(digest);
             let expected = digest.clone();
             blocking(move || {
-                if target.exists() {
+                if let Ok(m) = std::fs::metadata(&target) {
                     let _ = std::fs::remove_file(&partial);
+                    // Content-addressed: the stored blob is these bytes,
+                    // unless the size the caller declared says otherwise.
+                    if m.len() != size {
+                        return Err(BlobError::Incomplete {
+                            have: m.len(),
+                            size,
+                        });
+                    }
                     return Ok(());
                 }
                 let have = match std::fs::metadata(&partial) {

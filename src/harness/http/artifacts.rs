@@ -206,7 +206,17 @@ pub(super) async fn begin(
         }
     }
     if declared.size == 0 {
-        return commit(&app, &upload.session_id, &declared).await;
+        // Nothing to send: the empty blob is stored here, if that is what
+        // the digest says.
+        let empty = blobs.put(&[]).await.map_err(artifacts::blob_error)?;
+        if empty != digest {
+            return Err(artifacts::blob_error(BlobError::DigestMismatch {
+                expected: digest.to_string(),
+                actual: empty.to_string(),
+            }));
+        }
+        let r = app.shared.artifacts.record(&upload.session_id, &declared);
+        return Ok(status(0, Some(r)));
     }
     let offset = blobs
         .partial_len(&digest)
@@ -246,6 +256,12 @@ pub(super) async fn chunk(
             format!("a chunk is at most {MAX_CHUNK} bytes"),
         )));
     }
+    // Stored meanwhile (another upload of the same bytes finished first):
+    // done, nothing to append.
+    if blobs.stat(&d.digest).await.map_err(artifacts::blob_error)? == Some(d.size) {
+        let r = app.shared.artifacts.record(&upload.session_id, &d);
+        return Ok(status(d.size, Some(r)));
+    }
     let offset: u64 = headers
         .get("upload-offset")
         .and_then(|v| v.to_str().ok())
@@ -264,4 +280,25 @@ pub(super) async fn chunk(
         }
         Err(e) => Err(artifacts::blob_error(e)),
     }
+}
+
+/// `POST /v1/sessions/{id}/backups {backupId?, paths?, exclude?,
+/// skipIfFingerprint?}` → `{backup}`.
+pub(super) async fn backup(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let req: crate::harness::api::backups::BackupRequest = super::body(&bytes)?;
+    let b = app.sessions().session(&id).backup(req).await?;
+    Ok(Json(serde_json::json!({ "backup": b })).into_response())
+}
+
+/// `GET /v1/sessions/{id}/backups` → `{backups: [...]}`.
+pub(super) async fn backups(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let list = app.sessions().session(&id).backups()?;
+    Ok(Json(serde_json::json!({ "backups": list })).into_response())
 }

@@ -6,6 +6,7 @@ pub mod listener;
 pub mod mcp;
 pub mod openapi;
 pub mod relay;
+pub mod skills;
 pub mod turns;
 
 use self::relay::AttachQuery;
@@ -131,6 +132,21 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             get(artifacts::list).post(artifacts::publish),
         )
         .route("/v1/artifacts/{id}", get(artifacts::download))
+        .route(
+            "/v1/skills",
+            post(skills::publish).layer(axum::extract::DefaultBodyLimit::max(
+                crate::harness::api::skills::MAX_ARCHIVE_BYTES,
+            )),
+        )
+        .route("/v1/sessions/{id}/skills", post(skills::install))
+        .route(
+            &format!("{}/{{token}}", crate::harness::api::skills::DOWNLOAD_PATH),
+            get(skills::download),
+        )
+        .route(
+            "/v1/sessions/{id}/backups",
+            get(artifacts::backups).post(artifacts::backup),
+        )
         .route(
             &format!("{}/{{ticket}}", crate::harness::api::artifacts::UPLOAD_PATH),
             post(artifacts::begin).patch(artifacts::chunk),
@@ -269,6 +285,7 @@ async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response 
             let own_credential = path == CONNECT_PATH
                 || path.starts_with(&format!("{}/", relay::RELAY_PATH))
                 || path.starts_with(&format!("{}/", crate::harness::api::artifacts::UPLOAD_PATH))
+                || path.starts_with(&format!("{}/", crate::harness::api::skills::DOWNLOAD_PATH))
                 || enrollments::is_public(req.method(), path);
             if !own_credential {
                 let ok = transport::bearer(req.headers())
