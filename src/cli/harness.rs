@@ -166,8 +166,12 @@ impl HarnessArgs {
         );
         let durable = bmx::harness::store::DurableState::open(store.clone())
             .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
+        // Artifacts (issue 15): content-addressed files under the data dir.
+        let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
+            .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;
         let mut b = Harness::builder()
             .durable_state(durable)
+            .blob_store(std::sync::Arc::new(blobs))
             .enrollment_store(store)
             .enrollment_timing(
                 Duration::from_secs(self.enrollment_ttl_secs.max(1)),

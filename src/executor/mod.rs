@@ -13,6 +13,8 @@
 //! ```
 
 pub mod actors;
+pub mod artifacts;
+pub mod backup;
 pub mod config;
 pub mod confirm;
 pub mod journal;
@@ -20,6 +22,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod outbox;
 pub mod runtime;
+pub mod skills;
 pub mod stdio_peer;
 pub mod stop;
 // Issue 15 (part A): package install, git credentials.

@@ -123,6 +123,16 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            artifacts: crate::executor::artifacts::ENABLED.then_some(
+                crate::wire::types::ArtifactsCapability {
+                    upload: true,
+                    max_bytes: Some(crate::executor::artifacts::MAX_BYTES),
+                },
+            ),
+            workspace: crate::executor::artifacts::ENABLED
+                .then_some(crate::wire::types::WorkspaceCapability { backup: true }),
+            skills: crate::executor::artifacts::ENABLED
+                .then_some(crate::wire::types::SkillsCapability { install: true }),
             // What the executor's reader accepts (`LinkLimits::default`).
             max_frame_bytes: Some(
                 crate::wire::LinkLimits::default().max_control_frame_bytes as u64,

@@ -40,6 +40,7 @@
 
 pub mod actors;
 pub mod api;
+pub mod blob;
 pub mod config;
 pub mod enroll;
 pub mod error;
@@ -118,6 +119,7 @@ pub struct HarnessBuilder {
     store: Option<Arc<dyn LeaseStore>>,
     enrollment_store: Option<Arc<dyn store::Store>>,
     durable: Option<store::DurableState>,
+    blob_store: Option<Arc<dyn blob::BlobStore>>,
 }
 
 impl HarnessBuilder {
@@ -217,6 +219,13 @@ impl HarnessBuilder {
         self
     }
 
+    /// Keep artifacts in `store` (e.g. [`blob::FsBlobStore`] under the
+    /// data dir). Without one, artifact uploads answer 501.
+    pub fn blob_store(mut self, store: Arc<dyn blob::BlobStore>) -> Self {
+        self.blob_store = Some(store);
+        self
+    }
+
     /// `ttl` of new enrollments and their poll interval.
     pub fn enrollment_timing(mut self, ttl: Duration, poll_interval: Duration) -> Self {
         self.config.enrollment_ttl = ttl;
@@ -290,6 +299,9 @@ impl HarnessBuilder {
             let _ = shared.durable.set(d);
         }
         let _ = shared.relay_base.set(relay_base);
+        if let Some(b) = self.blob_store {
+            let _ = shared.blobs.set(b);
+        }
         // The root starts `leases` then `connections`; the API and the
         // listeners need both, so wait until they are up.
         let (root, _exit) = actors::root::start(shared.clone(), store)

@@ -120,6 +120,11 @@ pub struct Shared {
     /// Where sessions and tool results are written through (unset: kept
     /// in memory only). Written only by the leases actor.
     pub durable: OnceLock<DurableState>,
+    /// Where artifacts (and later backups, skills) are kept (`None`: no
+    /// data dir, artifact uploads answer 501).
+    pub blobs: OnceLock<Arc<dyn crate::harness::blob::BlobStore>>,
+    /// Upload tickets and the artifact index.
+    pub artifacts: crate::harness::api::artifacts::Artifacts,
 }
 
 impl Shared {
@@ -159,6 +164,8 @@ impl Shared {
             shutdown: CancellationToken::new(),
             enrollments: OnceLock::new(),
             durable: OnceLock::new(),
+            blobs: OnceLock::new(),
+            artifacts: Default::default(),
         })
     }
 

@@ -151,6 +151,8 @@ methods! {
     SkillInstall = "skill.install", ToExecutor, Request, V1_1, Some("skillId"), Session;
     FsMount = "fs.mount", ToExecutor, Request, V1_1, None, Session;
     FsUnmount = "fs.unmount", ToExecutor, Request, V1_1, None, Session;
+    // bmx extension (docs/protocol.md, "Artifacts, backups and skills").
+    ArtifactUpload = "artifact.upload", ToExecutor, Request, V1_1, Some("sessionId + digest"), Session;
 }
 
 /// One row of the method table.

@@ -18,11 +18,12 @@ use super::error::RpcError;
 use super::frame::Inbound;
 use super::method::{Method, Owner};
 use super::types::{
-    AssignParams, DrainParams, InteractionResponseParams, McpCloseParams, McpFrameParams,
-    McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams, ProcessTerminateParams,
-    ProcessWriteParams, SessionCloseParams, SessionRefParams, StopParams, TerminalAttachParams,
-    TerminalCloseParams, TerminalInputParams, TerminalOpenParams, TerminalResizeParams,
-    ToolCallParams, ToolCancelParams, TurnCancelParams, TurnInputParams, TurnStartParams,
+    ArtifactUploadParams, AssignParams, DrainParams, InteractionResponseParams, McpCloseParams,
+    McpFrameParams, McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams,
+    ProcessTerminateParams, ProcessWriteParams, SessionCloseParams, SessionRefParams,
+    SkillInstallParams, StopParams, TerminalAttachParams, TerminalCloseParams, TerminalInputParams,
+    TerminalOpenParams, TerminalResizeParams, ToolCallParams, ToolCancelParams, TurnCancelParams,
+    TurnInputParams, TurnStartParams, WorkspaceBackupParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field
@@ -161,6 +162,9 @@ requests! {
         ToolCall(ToolCallParams),
         ToolCancel(ToolCancelParams),
         SessionClose(SessionCloseParams),
+        ArtifactUpload(ArtifactUploadParams),
+        WorkspaceBackup(WorkspaceBackupParams),
+        SkillInstall(SkillInstallParams),
     }
 
     /// Agent turns and their interactions, by `sessionId`: the session owns
@@ -241,8 +245,8 @@ mod tests {
                 let e = decode(spec.method, &f).unwrap_err();
                 assert_eq!(e.code, ErrorCode::InvalidParams.code(), "{}", spec.name);
             }
-            let f = frame(codec, Method::WorkspaceBackup, &serde_json::json!({}));
-            let e = decode(Method::WorkspaceBackup, &f).unwrap_err();
+            let f = frame(codec, Method::FsMount, &serde_json::json!({}));
+            let e = decode(Method::FsMount, &f).unwrap_err();
             assert_eq!(e.code, ErrorCode::MethodNotFound.code());
         }
     }

@@ -41,8 +41,6 @@ impl ExecutorRouter {
 fn not_built(method: Method) -> Option<&'static str> {
     use Method::*;
     match method {
-        WorkspaceBackup => Some("workspace"),
-        SkillInstall => Some("skills"),
         FsMount | FsUnmount => Some("fs"),
         _ => None,
     }
@@ -61,6 +59,9 @@ fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
         TurnStart | TurnInput | TurnCancel | InteractionResponse | SessionClose => {
             shared.config.agents.is_empty().then_some("agent")
         }
+        ArtifactUpload => (!crate::executor::artifacts::ENABLED).then_some("artifacts"),
+        WorkspaceBackup => (!crate::executor::artifacts::ENABLED).then_some("workspace"),
+        SkillInstall => (!crate::executor::artifacts::ENABLED).then_some("skills"),
         other => not_built(other),
     }
 }

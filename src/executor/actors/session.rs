@@ -1492,6 +1492,33 @@ impl Session {
                 state.acp_session = None;
                 reply.ok(&crate::wire::types::SessionCloseResult { closed: true });
             }
+            SessionRequest::SkillInstall(p) => {
+                let workspace = state.workspace.clone();
+                tokio::spawn(async move {
+                    reply.ok(&crate::executor::skills::run(&workspace, p).await);
+                });
+            }
+            SessionRequest::WorkspaceBackup(p) => {
+                // Off the mailbox, like an upload (bounded by its deadline).
+                let (workspace, id) = (state.workspace.clone(), state.id.clone());
+                tokio::spawn(async move {
+                    match crate::executor::backup::run(&workspace, &id, p).await {
+                        Ok(r) => reply.ok(&r),
+                        Err(e) => reply.err(e),
+                    }
+                });
+            }
+            SessionRequest::ArtifactUpload(p) => {
+                // Off the session's mailbox: an upload takes as long as the
+                // file does (bounded by its own deadline).
+                let workspace = state.workspace.clone();
+                tokio::spawn(async move {
+                    match crate::executor::artifacts::upload(&workspace, p).await {
+                        Ok(r) => reply.ok(&r),
+                        Err(e) => reply.err(e),
+                    }
+                });
+            }
             SessionRequest::ToolCancel(p) => match state.tools.get(&p.tool_call_id) {
                 Some(t) => {
                     if let ToolCall::Running(t) = t {

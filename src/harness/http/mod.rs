@@ -1,10 +1,12 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
+pub mod artifacts;
 pub mod enrollments;
 pub mod listener;
 pub mod mcp;
 pub mod openapi;
 pub mod relay;
+pub mod skills;
 pub mod turns;
 
 use self::relay::AttachQuery;
@@ -124,6 +126,30 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(
             &format!("{}/{{ticket}}", relay::RELAY_PATH),
             get(relay_dial),
+        )
+        .route(
+            "/v1/sessions/{id}/artifacts",
+            get(artifacts::list).post(artifacts::publish),
+        )
+        .route("/v1/artifacts/{id}", get(artifacts::download))
+        .route(
+            "/v1/skills",
+            post(skills::publish).layer(axum::extract::DefaultBodyLimit::max(
+                crate::harness::api::skills::MAX_ARCHIVE_BYTES,
+            )),
+        )
+        .route("/v1/sessions/{id}/skills", post(skills::install))
+        .route(
+            &format!("{}/{{token}}", crate::harness::api::skills::DOWNLOAD_PATH),
+            get(skills::download),
+        )
+        .route(
+            "/v1/sessions/{id}/backups",
+            get(artifacts::backups).post(artifacts::backup),
+        )
+        .route(
+            &format!("{}/{{ticket}}", crate::harness::api::artifacts::UPLOAD_PATH),
+            post(artifacts::begin).patch(artifacts::chunk),
         )
         .route_layer(middleware::from_fn(check_path_ids))
         .fallback(not_found)
@@ -258,6 +284,8 @@ async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response 
             let path = req.uri().path();
             let own_credential = path == CONNECT_PATH
                 || path.starts_with(&format!("{}/", relay::RELAY_PATH))
+                || path.starts_with(&format!("{}/", crate::harness::api::artifacts::UPLOAD_PATH))
+                || path.starts_with(&format!("{}/", crate::harness::api::skills::DOWNLOAD_PATH))
                 || enrollments::is_public(req.method(), path);
             if !own_credential {
                 let ok = transport::bearer(req.headers())

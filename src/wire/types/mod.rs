@@ -25,6 +25,7 @@ macro_rules! wire_enum {
     };
 }
 
+pub mod artifact;
 pub mod capabilities;
 pub mod executor;
 pub mod mcp;
@@ -35,6 +36,7 @@ pub mod terminal;
 pub mod tool;
 pub mod turn;
 
+pub use artifact::*;
 pub use capabilities::*;
 pub use executor::*;
 pub use mcp::*;
