@@ -11,9 +11,11 @@ command -v tmux >/dev/null 2>&1 || need+=(tmux)
 command -v bash >/dev/null 2>&1 || need+=(bash)
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 # Issue 15: real `git clone` over HTTP (git http-backend) and a real
-# `pip install --target` (tests/executor_git.rs, tests/executor_packages.rs).
+# `pip install --target` (tests/executor/git.rs, tests/executor/packages.rs).
 command -v git >/dev/null 2>&1 || need+=(git)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3 python3-pip)
+# schemathesis goes into a venv (below).
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -154,6 +154,7 @@ fn typed_params(method: Method, f: &Inbound) {
         SkillInstall => SkillInstallParams,
         FsMount => FsParams,
         FsUnmount => FsParams,
+        ArtifactUpload => ArtifactUploadParams,
     }
 }
 
@@ -283,13 +284,15 @@ pub fn ring(data: &[u8]) {
                     let slot = ring.write_slot(max);
                     assert!(slot.len() <= max);
                     assert!(max == 0 || !slot.is_empty(), "an empty slot for max {max}");
-                    bytes = next_bytes(slot.len());
-                    slot.copy_from_slice(&bytes);
+                    // As read(2) does: only the bytes about to be
+                    // committed are written (the rest of a slot over a
+                    // full ring still holds old output).
+                    bytes = next_bytes(commit.min(slot.len()));
+                    slot[..bytes.len()].copy_from_slice(&bytes);
                 }
                 ring.commit(commit);
-                let n = commit.min(bytes.len());
-                end += n as u64;
-                model.extend(&bytes[..n]);
+                end += bytes.len() as u64;
+                model.extend(&bytes);
             }
             2 => {
                 // A cursor anywhere from before the start to past the end.

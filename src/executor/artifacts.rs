@@ -29,11 +29,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Whether this executor advertises (and accepts) `artifacts`,
-/// `workspace.backup` and `skill.install`. Off until their black-box tests
-/// (`tests/harness_artifacts.rs`, `harness_backups.rs`, `harness_skills.rs`)
-/// have run green on this build: a capability is advertised only when it
-/// is known to work end to end. The one switch for all three.
-pub const ENABLED: bool = false;
+/// `workspace.backup` and `skill.install`: on, since their black-box tests
+/// (`tests/harness/{artifacts,backups,skills}.rs`, which check the
+/// advertisement too) run green. One switch for all three, so an embedder
+/// can turn the three off together.
+pub const ENABLED: bool = true;
 
 /// The largest artifact this executor uploads (advertised as
 /// `artifacts.maxBytes`).

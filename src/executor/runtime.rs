@@ -112,8 +112,8 @@ impl Shared {
                 max_processes: Some(self.config.max_processes_per_session),
                 buffer_bytes: Some(self.config.process_buffer_bytes as u64),
                 pty: true,
-                // Issue 15: built and tested (tests/executor_packages.rs,
-                // tests/executor_git.rs).
+                // Issue 15: built and tested (tests/executor/packages.rs,
+                // tests/executor/git.rs).
                 package_install: true,
                 git_credentials: self.config.git_credentials.is_some(),
                 ..Default::default()

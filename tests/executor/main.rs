@@ -5,10 +5,13 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod confirm;
 mod connection;
 mod crash;
 mod env;
+mod git;
 mod mcp;
+mod packages;
 mod process;
 mod shutdown;
 mod terminal;

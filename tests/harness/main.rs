@@ -4,7 +4,11 @@
 
 #[path = "../harness_common/mod.rs"]
 mod harness_common;
+#[path = "../support/mod.rs"]
+mod support;
 
+mod artifacts;
+mod backups;
 mod cli;
 mod cores;
 mod e2e;
@@ -12,6 +16,8 @@ mod fake;
 mod mcp;
 mod mcp_service;
 mod method_owners;
+mod restart;
+mod skills;
 mod supervision;
 mod terminal;
 mod turns;

@@ -5,5 +5,6 @@
 mod cli_logs;
 mod fuzz;
 mod lease_model;
+mod lease_model_store;
 mod tools_race;
 mod wire_pending;

@@ -5,8 +5,7 @@
 //! `Range`, and the bad inputs (paths outside the workspace, too large,
 //! forged tickets). Plus `fs.mount` / `fs.unmount`: still -32012.
 
-mod support;
-
+use crate::support;
 use bmx::client::ApiClient;
 use bmx::harness::blob::FsBlobStore;
 use bmx::harness::Harness;

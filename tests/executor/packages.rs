@@ -7,8 +7,7 @@
 //! found by pip through `PIP_NO_INDEX`/`PIP_FIND_LINKS` in the process's
 //! `env`: a real install that needs no network.
 
-mod support;
-
+use crate::support;
 use bmx::wire::types::*;
 use bmx::wire::Method;
 use support::*;

@@ -4,8 +4,7 @@
 //! `.skills/<skillId>`; crafted malicious archives fail with an
 //! `errorCode` and write nothing, in the workspace or outside it.
 
-mod support;
-
+use crate::support;
 use bmx::client::ApiClient;
 use bmx::harness::blob::FsBlobStore;
 use bmx::harness::Harness;

@@ -5,8 +5,7 @@
 //! the process has ended; the token is in no process environment and in
 //! none of the executor's log lines at trace level.
 
-mod support;
-
+use crate::support;
 use bmx::wire::types::*;
 use bmx::wire::Method;
 use std::io::{BufRead, BufReader, Read, Write};

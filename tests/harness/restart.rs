@@ -34,7 +34,10 @@ impl Guard {
             if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "child did not exit after {sig:?}");
+            assert!(
+                Instant::now() < deadline,
+                "child did not exit after {sig:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -5,8 +5,7 @@
 //! Every call here is a `bash` that appends a line to `ran.txt` in the
 //! workspace: the file's lines count how often the tool really ran.
 
-mod support;
-
+use crate::support;
 use bmx::executor::confirm::{client, socket_path, LocalRequest, LocalResponse, PendingView};
 use bmx::wire::types::*;
 use bmx::wire::{Method, RpcError};

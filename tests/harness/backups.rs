@@ -3,8 +3,7 @@
 //! the workspace in the blob store, skipped when the fingerprint has not
 //! changed, idempotent by `backupId`, paths kept inside the workspace.
 
-mod support;
-
+use crate::support;
 use bmx::client::ApiClient;
 use bmx::harness::blob::FsBlobStore;
 use bmx::harness::Harness;
