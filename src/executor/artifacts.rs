@@ -20,7 +20,7 @@ use crate::wire::types::{
     ArtifactRef, ArtifactUploadParams, ArtifactUploadResult, UploadBegin, UploadStatus,
     UploadTarget,
 };
-use crate::wire::RpcError;
+use crate::wire::{Method, RpcError};
 use sha2::Digest as _;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -243,7 +243,7 @@ pub async fn send(
     let url = target.url.as_str();
     let ticket = target.ticket.as_str();
     let deadline = tokio::time::Instant::now() + DEADLINE;
-    let span = tracing::info_span!("artifact.upload", session = %session_id, %digest, size);
+    let span = tracing::info_span!("artifact_upload", method = Method::ArtifactUpload.as_str(), session = %session_id, %digest, size);
 
     let mut failures = 0u32;
     // `None`: ask the harness where it stands (first, and after a failure).

@@ -295,6 +295,7 @@ mod tests {
             (SkillInstall, Session),
             (FsMount, Session),
             (FsUnmount, Session),
+            (ArtifactUpload, Session),
         ];
         assert_eq!(expected.len(), METHODS.len());
         for (i, (method, owner)) in expected.iter().enumerate() {

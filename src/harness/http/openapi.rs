@@ -421,6 +421,14 @@ fn mcp_error(desc: &str) -> Value {
     json!({"description": desc, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcMessage"}}}})
 }
 
+/// A 400 of the MCP endpoint: a JSON-RPC error from the proxy, or the
+/// API's own error when an id in the path breaks the id rule (checked
+/// before the proxy sees the request).
+fn mcp_bad_request(desc: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": {"oneOf": [
+        {"$ref": "#/components/schemas/JsonRpcMessage"}, {"$ref": "#/components/schemas/Error"}]}}}})
+}
+
 fn mcp_paths() -> Value {
     let session_header = json!({"name": "Mcp-Session-Id", "in": "header", "schema": {"type": "string"},
         "description": "minted by the harness in the answer to initialize (128 random bits, hex); required on every later request"});
@@ -451,7 +459,7 @@ fn mcp_paths() -> Value {
             "200": {"description": "the response of a request", "headers": {"Mcp-Session-Id": {"schema": {"type": "string"}, "description": "on the answer to initialize"}},
               "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JsonRpcMessage"}}, "text/event-stream": {"schema": {"type": "string"}}}},
             "202": {"description": "a notification or a response, accepted"},
-            "400": mcp_error("not JSON (-32700), a batch or not JSON-RPC (-32600), or no Mcp-Session-Id after initialize (reason missing_session_id)"),
+            "400": mcp_bad_request("not JSON (-32700), a batch or not JSON-RPC (-32600), or no Mcp-Session-Id after initialize (reason missing_session_id)"),
             "404": mcp_error("unknown or ended Mcp-Session-Id (reason unknown_mcp_session), unknown session (-32011) or serverKey (-32014, reason unknown_server)"),
             "406": mcp_error("Accept allows neither application/json nor text/event-stream"),
             "410": mcp_error("the session ended"),
@@ -462,12 +470,12 @@ fn mcp_paths() -> Value {
         "get": {"summary": "The client session's notification stream (text/event-stream): the server's notifications (tools/list_changed, message, resources/updated, ...). One stream per client session; a client that falls 256 messages behind loses it.",
           "parameters": [required_header.clone()],
           "responses": {"200": {"description": "SSE stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-            "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
+            "400": mcp_bad_request("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
             "410": mcp_error("the session ended"),
             "406": mcp_error("Accept does not allow text/event-stream"), "409": mcp_error("this client session already has a stream open")}},
         "delete": {"summary": "End the client session (its requests in flight are answered with client_session_ended and cancelled at the server)",
           "parameters": [required_header],
-          "responses": {"204": {"description": "ended"}, "400": mcp_error("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
+          "responses": {"204": {"description": "ended"}, "400": mcp_bad_request("no Mcp-Session-Id"), "404": mcp_error("unknown Mcp-Session-Id, session or serverKey"),
             "410": mcp_error("the session ended")}}}
     })
 }
