@@ -42,4 +42,4 @@ if [ ! -x target/py/bin/st ] || ! grep -qx "$st_pin" target/py/.bmx-st 2>/dev/nu
   echo "$st_pin" > target/py/.bmx-st
 fi
 
-cargo test --release "$@"
+cargo test --profile tests "$@"

@@ -6,15 +6,11 @@
 //! forged tickets). Plus `fs.mount` / `fs.unmount`: still -32012.
 
 use crate::support;
-use bmx::client::ApiClient;
-use bmx::harness::blob::FsBlobStore;
-use bmx::harness::Harness;
 use serde_json::{json, Value};
 use sha2::Digest as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -93,12 +89,8 @@ async fn proxy(target: SocketAddr, cut_after: u64) -> Proxy {
 }
 
 struct World {
-    h: bmx::harness::HarnessHandle,
-    api: ApiClient,
+    base: support::BlobWorld,
     proxy: Proxy,
-    _executor: tokio::process::Child,
-    _work: tempfile::TempDir,
-    _blobs: tempfile::TempDir,
 }
 
 /// The harness (blobs of at most `max_blob` bytes, uploads through a
@@ -110,65 +102,20 @@ async fn world_at(max_blob: u64, cut_after: u64) -> World {
     let harness_addr = port_probe.local_addr().unwrap();
     drop(port_probe);
     let proxy = proxy(harness_addr, cut_after).await;
-    let blobs = tempfile::tempdir().unwrap();
-    let store = FsBlobStore::open(blobs.path(), max_blob).unwrap();
-    let h = Harness::builder()
-        .listen(harness_addr)
-        .token("exec-art", support::TOKEN)
-        .blob_store(Arc::new(store))
-        .heartbeat_ms(500)
-        .lease_ttl_ms(10_000)
-        .public_url(Some(format!("http://{}", proxy.addr)))
-        .build()
-        .await
-        .expect("harness");
-    let work = tempfile::tempdir().unwrap();
-    let executor = support::executor_command(&h.executor_url(), work.path())
-        .spawn()
-        .expect("bmx executor");
-    assert!(
-        h.wait_for_executor(Some("exec-art"), Duration::from_secs(20))
-            .await,
-        "the executor registers"
-    );
-    let api = ApiClient::new(&h.api_url())
-        .unwrap()
-        .timeout(Duration::from_secs(60));
-    World {
-        h,
-        api,
-        proxy,
-        _executor: executor,
-        _work: work,
-        _blobs: blobs,
-    }
+    let public = Some(format!("http://{}", proxy.addr));
+    let rest = support::blob_world("exec-art", harness_addr, max_blob, public).await;
+    World { base: rest, proxy }
 }
 
 async fn session(w: &World) -> String {
-    let (s, v) = w.api.post("/v1/sessions", &json!({})).await.unwrap();
+    let (s, v) = w.base.api.post("/v1/sessions", &json!({})).await.unwrap();
     assert_eq!(s, 201, "{v}");
     v["sessionId"].as_str().unwrap().to_owned()
 }
 
-async fn bash(w: &World, sid: &str, command: &str) -> String {
-    let (s, v) = w
-        .api
-        .post(
-            &format!("/v1/sessions/{sid}/tools"),
-            &json!({"tool": "bash", "input": {"command": command}}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["isError"], false, "{command}: {v}");
-    v["content"][0]["text"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 async fn publish(w: &World, sid: &str, body: Value) -> (u16, Value) {
-    w.api
+    w.base
+        .api
         .post(&format!("/v1/sessions/{sid}/artifacts"), &body)
         .await
         .unwrap()
@@ -187,7 +134,7 @@ const MIB: u64 = 1 << 20;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     let w = world_at(8 * MIB, MIB + MIB / 2).await;
-    let (s, v) = w.api.get("/v1/executors").await.unwrap();
+    let (s, v) = w.base.api.get("/v1/executors").await.unwrap();
     assert_eq!(s, 200);
     let caps = &v["executors"][0]["capabilities"]["artifacts"];
     assert_eq!(caps["upload"], true, "{v}");
@@ -195,7 +142,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
 
     let sid = session(&w).await;
     // 3 MiB of random bytes: three chunks.
-    bash(&w, &sid, "head -c 3145728 /dev/urandom > out.bin").await;
+    support::bash_ok(&w.base.api, &sid, "head -c 3145728 /dev/urandom > out.bin").await;
 
     w.proxy.armed.store(true, Ordering::SeqCst);
     let (s, a) = publish(&w, &sid, json!({"path": "out.bin"})).await;
@@ -221,7 +168,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     // The download is the file, byte for byte: its digest is the one
     // `sha256sum` computes in the workspace.
     let http = reqwest::Client::new();
-    let url = format!("{}/v1/artifacts/{id}", w.h.api_url());
+    let url = format!("{}/v1/artifacts/{id}", w.base.h.api_url());
     let r = http.get(&url).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(
@@ -232,7 +179,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     let body = r.bytes().await.unwrap();
     assert_eq!(body.len() as u64, 3 * MIB);
     assert_eq!(sha(&body), digest);
-    let out = bash(&w, &sid, "sha256sum out.bin").await;
+    let out = support::bash_ok(&w.base.api, &sid, "sha256sum out.bin").await;
     assert!(out.contains(&digest["sha256:".len()..]), "{out}");
 
     // Ranges.
@@ -279,7 +226,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     // Idempotent by digest: the same bytes again (even under another
     // path) are the same artifact, and no chunk travels again.
     let before = w.proxy.upstream_bytes.load(Ordering::SeqCst);
-    bash(&w, &sid, "cp out.bin again.bin").await;
+    support::bash_ok(&w.base.api, &sid, "cp out.bin again.bin").await;
     let (s, b) = publish(&w, &sid, json!({"path": "again.bin"})).await;
     assert_eq!(s, 201, "{b}");
     assert_eq!(b["artifact"]["artifactId"], id.as_str());
@@ -287,7 +234,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     assert!(sent < 64 * 1024, "{sent} bytes sent for a stored blob");
 
     // A name and a type of the platform's choosing.
-    bash(&w, &sid, "printf 'hello' > note").await;
+    support::bash_ok(&w.base.api, &sid, "printf 'hello' > note").await;
     let (s, n) = publish(
         &w,
         &sid,
@@ -301,7 +248,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     let r = http
         .get(format!(
             "{}/v1/artifacts/{}",
-            w.h.api_url(),
+            w.base.h.api_url(),
             n["artifact"]["artifactId"].as_str().unwrap()
         ))
         .send()
@@ -311,6 +258,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     assert_eq!(r.bytes().await.unwrap().as_ref(), b"hello");
 
     let (s, l) = w
+        .base
         .api
         .get(&format!("/v1/sessions/{sid}/artifacts"))
         .await
@@ -325,8 +273,8 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
 async fn bad_paths_sizes_and_tickets_are_refused() {
     let w = world_at(MIB, u64::MAX).await;
     let sid = session(&w).await;
-    bash(
-        &w,
+    support::bash_ok(
+        &w.base.api,
         &sid,
         "mkdir d && ln -s /etc/passwd link && head -c 1048577 /dev/zero > big",
     )
@@ -351,14 +299,22 @@ async fn bad_paths_sizes_and_tickets_are_refused() {
     assert_eq!(s, 400, "{v}");
     let (s, _) = publish(&w, "nobody", json!({"path": "x"})).await;
     assert_eq!(s, 404);
-    let (s, _) = w.api.get("/v1/sessions/nobody/artifacts").await.unwrap();
+    let (s, _) = w
+        .base
+        .api
+        .get("/v1/sessions/nobody/artifacts")
+        .await
+        .unwrap();
     assert_eq!(s, 404);
-    let (s, _) = w.api.get("/v1/artifacts/art-000").await.unwrap();
+    let (s, _) = w.base.api.get("/v1/artifacts/art-000").await.unwrap();
     assert_eq!(s, 404);
 
     // The upload route takes a ticket, nothing else.
     let http = reqwest::Client::new();
-    let url = format!("{}/v1/artifact-uploads/0123456789abcdef", w.h.api_url());
+    let url = format!(
+        "{}/v1/artifact-uploads/0123456789abcdef",
+        w.base.h.api_url()
+    );
     let begin = json!({"digest": sha(b"x"), "sizeBytes": 1}).to_string();
     for auth in [None, Some("0123456789abcdef.00"), Some("nope")] {
         let mut r = http.post(&url).body(begin.clone());

@@ -4,66 +4,14 @@
 //! changed, idempotent by `backupId`, paths kept inside the workspace.
 
 use crate::support;
-use bmx::client::ApiClient;
-use bmx::harness::blob::FsBlobStore;
-use bmx::harness::Harness;
 use serde_json::{json, Value};
 use std::io::Read;
-use std::sync::Arc;
-use std::time::Duration;
 
-struct World {
-    h: bmx::harness::HarnessHandle,
-    api: ApiClient,
-    _executor: tokio::process::Child,
-    _work: tempfile::TempDir,
-    _blobs: tempfile::TempDir,
-}
+type World = support::BlobWorld;
 
 async fn world() -> World {
-    let blobs = tempfile::tempdir().unwrap();
-    let store = FsBlobStore::open(blobs.path(), 64 << 20).unwrap();
-    let h = Harness::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .token("exec-bk", support::TOKEN)
-        .blob_store(Arc::new(store))
-        .heartbeat_ms(500)
-        .lease_ttl_ms(10_000)
-        .build()
-        .await
-        .expect("harness");
-    let work = tempfile::tempdir().unwrap();
-    let executor = support::executor_command(&h.executor_url(), work.path())
-        .spawn()
-        .expect("bmx executor");
-    assert!(
-        h.wait_for_executor(Some("exec-bk"), Duration::from_secs(20))
-            .await,
-        "the executor registers"
-    );
-    let api = ApiClient::new(&h.api_url())
-        .unwrap()
-        .timeout(Duration::from_secs(60));
-    World {
-        h,
-        api,
-        _executor: executor,
-        _work: work,
-        _blobs: blobs,
-    }
-}
-
-async fn bash(w: &World, sid: &str, command: &str) {
-    let (s, v) = w
-        .api
-        .post(
-            &format!("/v1/sessions/{sid}/tools"),
-            &json!({"tool": "bash", "input": {"command": command}}),
-        )
-        .await
-        .unwrap();
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["isError"], false, "{command}: {v}");
+    let listen = "127.0.0.1:0".parse().unwrap();
+    support::blob_world("exec-bk", listen, 64 << 20, None).await
 }
 
 async fn backup(w: &World, sid: &str, body: Value) -> (u16, Value) {
@@ -119,8 +67,8 @@ async fn backups_are_deterministic_skipped_when_unchanged_and_idempotent() {
     let (s, v) = w.api.post("/v1/sessions", &json!({})).await.unwrap();
     assert_eq!(s, 201, "{v}");
     let sid = v["sessionId"].as_str().unwrap().to_owned();
-    bash(
-        &w,
+    support::bash_ok(
+        &w.api,
         &sid,
         "mkdir -p src/deep target && printf 'fn main() {}' > src/main.rs && \
          printf 'x' > src/deep/z && printf 'junk' > target/out && ln -s main.rs src/link",
@@ -170,7 +118,7 @@ async fn backups_are_deterministic_skipped_when_unchanged_and_idempotent() {
     assert_eq!(b3["backup"]["digest"], digest.as_str(), "{b3}");
 
     // A changed file: a new fingerprint, not skipped.
-    bash(&w, &sid, "printf 'y' > src/deep/z2").await;
+    support::bash_ok(&w.api, &sid, "printf 'y' > src/deep/z2").await;
     let (_, b4) = backup(
         &w,
         &sid,

@@ -11,7 +11,7 @@
 //! is published once; retention never exceeds its bound; accepted event
 //! sequences rise by one with no hole.
 //!
-//! Run: `cargo test --release --test harness_cores`; more cases with
+//! Run: `cargo test --profile tests --test harness cores::`; more cases with
 //! `PROPTEST_CASES=100000`.
 
 use bmx::lease::{

@@ -4,7 +4,7 @@
 //! `Last-Event-ID`, deltas live, no gap, nothing twice), the turn routes,
 //! interactions (answer, cancel, expiry), bad input and auth.
 //!
-//! Run: `cargo test --release --test harness_turns`.
+//! Run: `cargo test --profile tests --test harness turns::`.
 
 use crate::harness_common;
 use bmx::wire::types::{

@@ -11,7 +11,7 @@
 //! The executor side (`SessionFence`, `LeaseClock`) gets the same treatment
 //! with plain proptest over sequences of operations and an inline model.
 //!
-//! Run: `cargo test --release --test lease_model`; more cases with
+//! Run: `cargo test --profile tests --test misc lease_model::`; more cases with
 //! `PROPTEST_CASES=100000` (proptest applies it over the `cases` below).
 
 use bmx::lease::{

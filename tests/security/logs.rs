@@ -10,9 +10,8 @@
 //! payloads.
 
 use crate::security_common;
-use bmx::client::{ApiClient, AttachOptions};
+use bmx::client::AttachOptions;
 use futures_util::StreamExt;
-use security_common::Bmx;
 use serde_json::json;
 use std::time::Duration;
 
@@ -30,39 +29,14 @@ fn relay_tickets(log: &str) -> Vec<&str> {
 
 #[tokio::test]
 async fn a_whole_run_at_trace_logs_no_secret() {
-    let token_arg = format!("exec-1={EXEC_SECRET}");
-    let (harness, api) = Bmx::harness(
-        &["--token", &token_arg],
-        &[("BMX_API_TOKEN", API_SECRET)],
-        "trace",
-    );
-    let url = format!(
-        "ws://{}/v1/executor/connect",
-        api.trim_start_matches("http://")
-    );
-    let work = tempfile::tempdir().unwrap();
-    let work_root = work.path().to_str().unwrap().to_owned();
-    let executor = Bmx::spawn(
-        &["executor", "--url", &url, "--work-root", &work_root],
-        &[("BMX_TOKEN", EXEC_SECRET)],
-        "trace",
-    );
-    let client = ApiClient::new(&api)
-        .unwrap()
-        .token(Some(API_SECRET.into()))
-        .timeout(Duration::from_secs(30));
-
-    // The executor registers (its token in the handshake).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (status, v) = client.executors().await.unwrap();
-        assert_eq!(status, 200, "{v}");
-        if v["executors"].as_array().is_some_and(|e| !e.is_empty()) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no executor: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let security_common::Pair {
+        harness,
+        executor,
+        client,
+        work: _work,
+        ..
+    } = security_common::pair(API_SECRET, EXEC_SECRET, "trace").await;
+    // The executor registered (its token in the handshake).
     // A session and a process (API token on every request).
     let (status, v) = client
         .post("/v1/sessions", &json!({"sessionId": "logs-1"}))

@@ -17,11 +17,9 @@
 //! `target/py`); without it the test says so loudly and passes, except
 //! under CI (`CI` set), where it fails.
 
-use crate::security_common::Bmx;
-use bmx::client::ApiClient;
+use crate::security_common;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 const API_SECRET: &str = "st-api-secret-0f3a";
 const EXEC_SECRET: &str = "st-exec-secret-9b2c";
@@ -39,36 +37,13 @@ async fn schemathesis_finds_no_server_error() {
         eprintln!("SKIPPED: {msg}");
         return;
     };
-    let token_arg = format!("exec-1={EXEC_SECRET}");
-    let (harness, api) = Bmx::harness(
-        &["--token", &token_arg],
-        &[("BMX_API_TOKEN", API_SECRET)],
-        "warn",
-    );
-    let url = format!(
-        "ws://{}/v1/executor/connect",
-        api.trim_start_matches("http://")
-    );
-    let work = tempfile::tempdir().unwrap();
-    let work_root = work.path().to_str().unwrap().to_owned();
-    let executor = Bmx::spawn(
-        &["executor", "--url", &url, "--work-root", &work_root],
-        &[("BMX_TOKEN", EXEC_SECRET)],
-        "warn",
-    );
-    let client = ApiClient::new(&api)
-        .unwrap()
-        .token(Some(API_SECRET.into()))
-        .timeout(Duration::from_secs(30));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, v) = client.executors().await.unwrap();
-        if v["executors"].as_array().is_some_and(|e| !e.is_empty()) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no executor");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let security_common::Pair {
+        harness,
+        executor,
+        api,
+        work: _work,
+        ..
+    } = security_common::pair(API_SECRET, EXEC_SECRET, "warn").await;
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("schemathesis.toml");

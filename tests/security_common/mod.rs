@@ -147,3 +147,58 @@ pub async fn executor_behind_stand_in(
     conn.register(10_000, 30_000).await;
     (executor, harness, conn, work)
 }
+
+/// A real `bmx harness` (API token `api_secret`, one executor `exec-1`
+/// with token `exec_secret`) and a real `bmx executor` connected to it,
+/// both logging at `rust_log`.
+pub struct Pair {
+    pub harness: Bmx,
+    pub executor: Bmx,
+    /// The API base URL (`http://ADDR`).
+    pub api: String,
+    /// A client carrying the API token.
+    pub client: bmx::client::ApiClient,
+    pub work: tempfile::TempDir,
+}
+
+/// Start a [`Pair`]; returns once the executor is registered (30 s).
+pub async fn pair(api_secret: &str, exec_secret: &str, rust_log: &str) -> Pair {
+    let token_arg = format!("exec-1={exec_secret}");
+    let (harness, api) = Bmx::harness(
+        &["--token", &token_arg],
+        &[("BMX_API_TOKEN", api_secret)],
+        rust_log,
+    );
+    let url = format!(
+        "ws://{}/v1/executor/connect",
+        api.trim_start_matches("http://")
+    );
+    let work = tempfile::tempdir().unwrap();
+    let work_root = work.path().to_str().unwrap().to_owned();
+    let executor = Bmx::spawn(
+        &["executor", "--url", &url, "--work-root", &work_root],
+        &[("BMX_TOKEN", exec_secret)],
+        rust_log,
+    );
+    let client = bmx::client::ApiClient::new(&api)
+        .unwrap()
+        .token(Some(api_secret.into()))
+        .timeout(Duration::from_secs(30));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, v) = client.executors().await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        if v["executors"].as_array().is_some_and(|e| !e.is_empty()) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no executor: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Pair {
+        harness,
+        executor,
+        api,
+        client,
+        work,
+    }
+}

@@ -499,3 +499,69 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A library harness with a filesystem blob store (blobs of at most
+/// `max_blob` bytes) on `listen`, uploads addressed to `public_url` when
+/// given, and the real `bmx executor` binary registered as `executor_id`:
+/// the world of the artifact, backup and skill tests.
+pub struct BlobWorld {
+    pub h: bmx::harness::HarnessHandle,
+    pub api: bmx::client::ApiClient,
+    /// The executor child and the two directories; dropped with the world.
+    pub guard: (tokio::process::Child, tempfile::TempDir, tempfile::TempDir),
+}
+
+pub async fn blob_world(
+    executor_id: &str,
+    listen: std::net::SocketAddr,
+    max_blob: u64,
+    public_url: Option<String>,
+) -> BlobWorld {
+    let blobs = tempfile::tempdir().unwrap();
+    let store = bmx::harness::blob::FsBlobStore::open(blobs.path(), max_blob).unwrap();
+    let h = bmx::harness::Harness::builder()
+        .listen(listen)
+        .token(executor_id, TOKEN)
+        .blob_store(Arc::new(store))
+        .heartbeat_ms(500)
+        .lease_ttl_ms(10_000)
+        .public_url(public_url)
+        .build()
+        .await
+        .expect("harness");
+    let work = tempfile::tempdir().unwrap();
+    let executor = executor_command(&h.executor_url(), work.path())
+        .spawn()
+        .expect("bmx executor");
+    assert!(
+        h.wait_for_executor(Some(executor_id), Duration::from_secs(20))
+            .await,
+        "the executor registers"
+    );
+    let api = bmx::client::ApiClient::new(&h.api_url())
+        .unwrap()
+        .timeout(Duration::from_secs(60));
+    BlobWorld {
+        h,
+        api,
+        guard: (executor, work, blobs),
+    }
+}
+
+/// Run `command` with the `bash` tool through the harness API; it must
+/// succeed. Returns its text.
+pub async fn bash_ok(api: &bmx::client::ApiClient, sid: &str, command: &str) -> String {
+    let (s, v) = api
+        .post(
+            &format!("/v1/sessions/{sid}/tools"),
+            &serde_json::json!({"tool": "bash", "input": {"command": command}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["isError"], false, "{command}: {v}");
+    v["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
