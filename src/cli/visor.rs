@@ -63,6 +63,10 @@ pub enum VisorCommand {
         /// Working directory (absolute).
         #[arg(long)]
         cwd: Option<PathBuf>,
+        /// Run in this workdir (`bmx visor workdir ls`); --cwd, if given,
+        /// must be inside it.
+        #[arg(long)]
+        workdir: Option<String>,
         /// Labels, `k=v` (repeatable).
         #[arg(long = "label")]
         labels: Vec<String>,
@@ -229,12 +233,16 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             restart,
             restart_prompt,
             cwd,
+            workdir,
             labels,
             command,
         } => {
-            let cwd = cwd
-                .or_else(|| std::env::current_dir().ok())
-                .map(|p| p.display().to_string());
+            // In a workdir, its folder is the default working directory.
+            let cwd = match &workdir {
+                Some(_) => cwd,
+                None => cwd.or_else(|| std::env::current_dir().ok()),
+            }
+            .map(|p| p.display().to_string());
             let labels: serde_json::Map<String, Value> = labels
                 .iter()
                 .filter_map(|l| l.split_once('='))
@@ -246,7 +254,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 Some(a) => body["agent"] = a.into(),
                 None => body["command"] = command.into(),
             }
-            for (k, v) in [("prompt", prompt), ("resumeId", resume_id)] {
+            for (k, v) in [("prompt", prompt), ("resumeId", resume_id), ("workdir", workdir)] {
                 if let Some(v) = v {
                     body[k] = v.into();
                 }

@@ -486,6 +486,9 @@ impl Workdirs {
     /// `invalid` for an unknown workdir or a `working_dir` outside it;
     /// `state` for an archived one.
     pub fn session_dir(&self, id: &str, working_dir: Option<&str>) -> Result<String, VisorError> {
+        if id.len() > 64 {
+            return Err(invalid("workdir is an id (w- and 12 hex digits)"));
+        }
         let wd = self
             .reg
             .get(id)
@@ -663,7 +666,7 @@ impl Workdirs {
             return Err(VisorError::State(format!("workdir {id} is archived already")));
         }
         let is_tree = wd.kind == WorkdirKind::Worktree;
-        let dirty = is_tree && dirty(Path::new(&wd.path)).await?;
+        let dirty = is_tree && !force && dirty(Path::new(&wd.path)).await?;
         removal_allowed(users, dirty, force)?;
         if is_tree {
             remove_worktree(&wd, force).await?;
@@ -739,7 +742,7 @@ impl Workdirs {
             .cloned()
             .ok_or_else(|| VisorError::NotFound(format!("no workdir {id:?}")))?;
         let tree = wd.kind == WorkdirKind::Worktree && wd.state == WorkdirState::Active;
-        let dirty = tree && dirty(Path::new(&wd.path)).await?;
+        let dirty = tree && !force && dirty(Path::new(&wd.path)).await?;
         removal_allowed(users, dirty, force)?;
         if tree {
             remove_worktree(&wd, force).await?;
