@@ -317,6 +317,16 @@ async fn the_workdir_cli() {
     let out = cli(home, &["workdir", "restore", &id], "");
     assert!(out.status.success());
     let path = PathBuf::from(w["path"].as_str().unwrap());
+    // A session started in it from the CLI holds it.
+    let out = cli(home, &["start", "--workdir", &id, "--", "sleep", "600"], "");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let s = v.session(&sid).await;
+    assert_eq!((&s["workdir"], &s["workingDir"]), (&json!(id), &w["path"]));
+    let out = cli(home, &["workdir", "rm", &id], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&sid));
+    assert!(cli(home, &["stop", &sid], "").status.success());
     std::fs::write(path.join("scratch"), "x").unwrap();
     let out = cli(home, &["workdir", "rm", &id], "");
     assert_eq!(out.status.code(), Some(1));
