@@ -254,7 +254,11 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 Some(a) => body["agent"] = a.into(),
                 None => body["command"] = command.into(),
             }
-            for (k, v) in [("prompt", prompt), ("resumeId", resume_id), ("workdir", workdir)] {
+            for (k, v) in [
+                ("prompt", prompt),
+                ("resumeId", resume_id),
+                ("workdir", workdir),
+            ] {
                 if let Some(v) = v {
                     body[k] = v.into();
                 }
@@ -463,9 +467,9 @@ async fn read_payload(limit: usize) -> Result<Vec<u8>, String> {
         let _ = tx.send(r);
     });
     match tokio::time::timeout(HOOK_WAIT, rx).await {
-        Ok(Ok(Ok(b))) if b.len() > limit => Err(format!(
-            "the hook payload is larger than {limit} bytes"
-        )),
+        Ok(Ok(Ok(b))) if b.len() > limit => {
+            Err(format!("the hook payload is larger than {limit} bytes"))
+        }
         Ok(Ok(Ok(b))) => Ok(b),
         Ok(Ok(Err(e))) => Err(format!("cannot read the hook payload: {e}")),
         Ok(Err(_)) => Err("cannot read the hook payload".into()),

@@ -89,7 +89,11 @@ impl HookCall {
     ///
     /// # Errors
     /// `invalid`: not JSON, no session id, bad labels or agent name.
-    pub fn from_payload(agent: &str, bytes: &[u8], labels: &[String]) -> Result<HookCall, VisorError> {
+    pub fn from_payload(
+        agent: &str,
+        bytes: &[u8],
+        labels: &[String],
+    ) -> Result<HookCall, VisorError> {
         if bytes.len() > MAX_PAYLOAD {
             return Err(invalid(format!(
                 "the hook payload is larger than {MAX_PAYLOAD} bytes"
@@ -171,7 +175,9 @@ pub fn inputs(event: Option<&str>, state: State) -> Vec<Input> {
         Some("UserPromptSubmit" | "PreToolUse" | "PostToolUse") if now == State::Idle => {
             out.push(Input::Send { can_steer: false })
         }
-        Some("Stop") if matches!(now, State::Running | State::Waiting) => out.push(Input::TurnEnded),
+        Some("Stop") if matches!(now, State::Running | State::Waiting) => {
+            out.push(Input::TurnEnded)
+        }
         _ => {}
     }
     out
@@ -459,9 +465,15 @@ mod tests {
     #[test]
     fn session_ids_and_event_names() {
         let p = json!({"session_id": "abc", "hook_event_name": "Stop"});
-        assert_eq!((vendor_session(&p), event_name(&p)), (Some("abc"), Some("Stop")));
+        assert_eq!(
+            (vendor_session(&p), event_name(&p)),
+            (Some("abc"), Some("Stop"))
+        );
         let p = json!({"sessionId": "x", "hookEventName": "PreToolUse"});
-        assert_eq!((vendor_session(&p), event_name(&p)), (Some("x"), Some("PreToolUse")));
+        assert_eq!(
+            (vendor_session(&p), event_name(&p)),
+            (Some("x"), Some("PreToolUse"))
+        );
         let p = json!({"session": {"id": "y"}, "event": "e"});
         assert_eq!((vendor_session(&p), event_name(&p)), (Some("y"), Some("e")));
         assert_eq!(vendor_session(&json!({"session_id": 3})), None);
@@ -469,17 +481,25 @@ mod tests {
 
     #[test]
     fn calls_are_checked() {
-        let ok = HookCall::from_payload("claude", br#"{"session_id":"s1"}"#, &["k=v".into()]).unwrap();
+        let ok =
+            HookCall::from_payload("claude", br#"{"session_id":"s1"}"#, &["k=v".into()]).unwrap();
         assert_eq!(ok.session, "s1");
         assert_eq!(ok.labels["k"], "v");
         for (agent, body, labels) in [
             ("claude", &b"not json"[..], vec![]),
             ("claude", &br#"{"x":1}"#[..], vec![]),
             ("a b", &br#"{"session_id":"s"}"#[..], vec![]),
-            ("claude", &br#"{"session_id":"s"}"#[..], vec!["nolabel".to_owned()]),
+            (
+                "claude",
+                &br#"{"session_id":"s"}"#[..],
+                vec!["nolabel".to_owned()],
+            ),
             ("claude", &br#"{"session_id":""}"#[..], vec![]),
         ] {
-            assert!(HookCall::from_payload(agent, body, &labels).is_err(), "{agent} {labels:?}");
+            assert!(
+                HookCall::from_payload(agent, body, &labels).is_err(),
+                "{agent} {labels:?}"
+            );
         }
     }
 
@@ -488,7 +508,9 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         assert!(spool_take(home.path()).unwrap().is_empty());
         for i in 0..3 {
-            let c = HookCall::from_payload("a", format!(r#"{{"session_id":"s{i}"}}"#).as_bytes(), &[]).unwrap();
+            let c =
+                HookCall::from_payload("a", format!(r#"{{"session_id":"s{i}"}}"#).as_bytes(), &[])
+                    .unwrap();
             spool_append(home.path(), &c).unwrap();
         }
         let lines = spool_take(home.path()).unwrap();

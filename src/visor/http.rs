@@ -341,7 +341,11 @@ async fn workdir(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
 async fn workdir_create(State(v): Visor_, req: Request) -> ApiResult {
     let spec: super::workdirs::CreateSpec = json_body(req).await?;
     let (w, made) = v.workdirs.lock().await.create(spec).await?;
-    let status = if made { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if made {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(w)).into_response())
 }
 

@@ -145,7 +145,9 @@ pub fn valid_branch(b: &str) -> bool {
         && !b.contains("/.")
         && b != "@"
         && b.chars().all(|c| {
-            !c.is_control() && !c.is_whitespace() && !matches!(c, '~' | '^' | ':' | '?' | '*' | '[' | '\\')
+            !c.is_control()
+                && !c.is_whitespace()
+                && !matches!(c, '~' | '^' | ':' | '?' | '*' | '[' | '\\')
         })
 }
 
@@ -516,8 +518,7 @@ impl Workdirs {
     /// git kind on a folder outside any repository; `state` when git
     /// refuses or the key exists on another branch; `busy` past the bounds.
     pub async fn create(&mut self, spec: CreateSpec) -> Result<(Workdir, bool), VisorError> {
-        if spec.project.is_empty() || spec.project.len() > MAX_PATH || spec.project.contains('\0')
-        {
+        if spec.project.is_empty() || spec.project.len() > MAX_PATH || spec.project.contains('\0') {
             return Err(invalid(format!(
                 "project is a path of 1..={MAX_PATH} bytes"
             )));
@@ -616,7 +617,9 @@ impl Workdirs {
             .recursive(true)
             .mode(0o700)
             .create(&parent)
-            .map_err(|e| VisorError::Internal(format!("cannot create {}: {e}", parent.display())))?;
+            .map_err(|e| {
+                VisorError::Internal(format!("cannot create {}: {e}", parent.display()))
+            })?;
         let path = parent.join(name);
         if std::fs::symlink_metadata(&path).is_ok() {
             return Err(VisorError::State(format!(
@@ -627,7 +630,12 @@ impl Workdirs {
         let p = path.display().to_string();
         let exists = git(
             project,
-            &["rev-parse", "--verify", "--quiet", &format!("refs/heads/{branch}")],
+            &[
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                &format!("refs/heads/{branch}"),
+            ],
         )
         .await?
         .ok;
@@ -663,7 +671,9 @@ impl Workdirs {
             .cloned()
             .ok_or_else(|| VisorError::NotFound(format!("no workdir {id:?}")))?;
         if wd.state == WorkdirState::Archived {
-            return Err(VisorError::State(format!("workdir {id} is archived already")));
+            return Err(VisorError::State(format!(
+                "workdir {id} is archived already"
+            )));
         }
         let is_tree = wd.kind == WorkdirKind::Worktree;
         let dirty = is_tree && !force && dirty(Path::new(&wd.path)).await?;
@@ -859,7 +869,8 @@ pub fn users(v: &Visor, wd: &Workdir) -> Vec<String> {
         .iter()
         .filter(|d| d.state().live())
         .filter(|d| {
-            d.checked.spec.workdir.as_deref() == Some(wd.id.as_str()) || d.checked.cwd.starts_with(root)
+            d.checked.spec.workdir.as_deref() == Some(wd.id.as_str())
+                || d.checked.cwd.starts_with(root)
         })
         .map(|d| d.id.clone())
         .collect();
@@ -892,7 +903,9 @@ mod tests {
         assert!(valid_name("feat-1.x_y"));
         assert!(!valid_name("-x") && !valid_name(".x") && !valid_name("a/b") && !valid_name(""));
         assert!(valid_branch("bmx/feat-1"));
-        for b in ["-x", "a..b", "a b", "a:b", "x.lock", "a/", "a//b", "@", "a@{1}", "a/.b"] {
+        for b in [
+            "-x", "a..b", "a b", "a:b", "x.lock", "a/", "a//b", "@", "a@{1}", "a/.b",
+        ] {
             assert!(!valid_branch(b), "{b}");
         }
     }
@@ -900,8 +913,14 @@ mod tests {
     #[test]
     fn the_removal_rule() {
         let users = vec!["s-1".to_owned()];
-        assert!(matches!(removal_allowed(&users, false, false), Err(VisorError::State(_))));
-        assert!(matches!(removal_allowed(&[], true, false), Err(VisorError::State(_))));
+        assert!(matches!(
+            removal_allowed(&users, false, false),
+            Err(VisorError::State(_))
+        ));
+        assert!(matches!(
+            removal_allowed(&[], true, false),
+            Err(VisorError::State(_))
+        ));
         assert!(removal_allowed(&users, true, true).is_ok());
         assert!(removal_allowed(&[], false, false).is_ok());
     }
@@ -934,7 +953,8 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0..4u8, 0..3u8, proptest::option::of(0..4u8)).prop_map(|(p, k, n)| Op::Insert(p, k, n)),
+            (0..4u8, 0..3u8, proptest::option::of(0..4u8))
+                .prop_map(|(p, k, n)| Op::Insert(p, k, n)),
             (0..64u8).prop_map(Op::Remove),
             (0..4u8).prop_map(Op::Forget),
         ]

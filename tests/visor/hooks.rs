@@ -25,7 +25,11 @@ async fn a_live_hook_opens_an_observed_session_with_hook_events() {
     let first = json!({"session_id": "vendor-1", "hook_event_name": "UserPromptSubmit",
         "prompt": "hello", "cwd": cwd.path()});
     let out = hook(&v, first, &["--label", "team=a"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.stdout.is_empty(), "a hook prints nothing on success");
     let list = observed(&v).await;
     assert_eq!(list.len(), 1, "{list:?}");
@@ -33,7 +37,12 @@ async fn a_live_hook_opens_an_observed_session_with_hook_events() {
     let id = s["id"].as_str().unwrap().to_owned();
     assert_eq!(
         (&s["kind"], &s["agent"], &s["vendorId"], &s["state"]),
-        (&json!("observed"), &json!("claude"), &json!("vendor-1"), &json!("running"))
+        (
+            &json!("observed"),
+            &json!("claude"),
+            &json!("vendor-1"),
+            &json!("running")
+        )
     );
     assert_eq!(s["labels"], json!({"team": "a"}));
     assert_eq!(s["workingDir"], cwd.path().display().to_string());
@@ -41,7 +50,11 @@ async fn a_live_hook_opens_an_observed_session_with_hook_events() {
     assert_eq!(s["turns"], 1);
 
     // The same vendor session: the same observed session.
-    let out = hook(&v, json!({"session_id": "vendor-1", "hook_event_name": "Stop"}), &[]);
+    let out = hook(
+        &v,
+        json!({"session_id": "vendor-1", "hook_event_name": "Stop"}),
+        &[],
+    );
     assert!(out.status.success());
     let list = observed(&v).await;
     assert_eq!((list.len(), &list[0]["state"]), (1, &json!("idle")));
@@ -72,15 +85,24 @@ async fn a_live_hook_opens_an_observed_session_with_hook_events() {
         let (st, e) = v
             .req("POST", &format!("/v1/sessions/{id}/{route}"), body)
             .await;
-        assert_eq!((st, e["error"]["code"].as_str()), (409, Some("state")), "{route}: {e}");
-        assert!(e["error"]["message"].as_str().unwrap().contains("observed"), "{e}");
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (409, Some("state")),
+            "{route}: {e}"
+        );
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains("observed"),
+            "{e}"
+        );
     }
 
     // SessionEnd ends it; then it can be purged.
     let end = json!({"session_id": "vendor-1", "hook_event_name": "SessionEnd"});
     assert!(hook(&v, end, &[]).status.success());
     v.until_state(&id, "exited").await;
-    let p = v.ok("POST", "/v1/purge", Some(json!({"session": id}))).await;
+    let p = v
+        .ok("POST", "/v1/purge", Some(json!({"session": id})))
+        .await;
     assert_eq!(p["purged"], json!([id]));
 
     // Bad calls: typed errors, nothing opened.
@@ -96,10 +118,17 @@ async fn a_live_hook_opens_an_observed_session_with_hook_events() {
         json!({"agent": "claude", "session": "s", "payload": {}, "extra": 1}),
     ] {
         let (st, e) = v.req("POST", "/v1/hook", Some(body.clone())).await;
-        assert_eq!((st, e["error"]["code"].as_str()), (400, Some("invalid")), "{body}: {e}");
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (400, Some("invalid")),
+            "{body}: {e}"
+        );
     }
     assert!(observed(&v).await.is_empty());
-    assert!(!v.home.path().join("hooks/spool").exists(), "nothing was spooled");
+    assert!(
+        !v.home.path().join("hooks/spool").exists(),
+        "nothing was spooled"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,7 +139,11 @@ async fn hooks_while_the_visor_is_down_are_spooled_and_replayed_once_in_order() 
     for (event, prompt) in [("SessionStart", ""), ("UserPromptSubmit", "second")] {
         let p = json!({"session_id": "vendor-2", "hook_event_name": event, "prompt": prompt});
         let out = hook(&v, p, &[]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(String::from_utf8_lossy(&out.stderr).contains("spooled"));
     }
     // Concurrent hooks do not interleave their lines.
@@ -148,13 +181,20 @@ async fn hooks_while_the_visor_is_down_are_spooled_and_replayed_once_in_order() 
         e["hookEvent"] == "UserPromptSubmit"
     })
     .await;
-    let mine: Vec<&Value> = seen.iter().filter(|e| e["vendorId"] == "vendor-2").collect();
+    let mine: Vec<&Value> = seen
+        .iter()
+        .filter(|e| e["vendorId"] == "vendor-2")
+        .collect();
     assert_eq!(mine.len(), 2, "{seen:?}");
     assert_eq!(mine[0]["hookEvent"], "SessionStart");
     assert_eq!(mine[1]["payload"]["prompt"], "second");
     assert!(mine.iter().all(|e| e["replayed"] == true));
     assert!(mine[0]["seq"].as_u64() < mine[1]["seq"].as_u64());
-    assert_eq!(std::fs::metadata(&spool).unwrap().len(), 0, "the spool was taken");
+    assert_eq!(
+        std::fs::metadata(&spool).unwrap().len(),
+        0,
+        "the spool was taken"
+    );
 
     // A live hook after the replay goes to the same observed session.
     let p = json!({"session_id": "vendor-2", "hook_event_name": "Stop"});

@@ -74,7 +74,10 @@ async fn a_worktree_is_used_refused_removal_while_live_archived_and_restored() {
     ] {
         let (st, e) = v.req(method, &route, None).await;
         assert_eq!((st, code(&e)), (409, "state"), "{method} {route}: {e}");
-        assert!(e["error"]["message"].as_str().unwrap().contains(&sid), "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(&sid),
+            "{e}"
+        );
     }
     assert!(path.join("README").is_file());
 
@@ -86,7 +89,10 @@ async fn a_worktree_is_used_refused_removal_while_live_archived_and_restored() {
         .await;
     assert_eq!(a["state"], "archived");
     assert!(!path.exists(), "the worktree's folder is removed");
-    git(repo.path(), &["rev-parse", "--verify", "refs/heads/bmx/feat"]);
+    git(
+        repo.path(),
+        &["rev-parse", "--verify", "refs/heads/bmx/feat"],
+    );
     let (st, e) = v
         .req("POST", &format!("/v1/workdirs/{id}/archive"), None)
         .await;
@@ -122,12 +128,18 @@ async fn a_worktree_is_used_refused_removal_while_live_archived_and_restored() {
         .any(|w| w["id"] == id));
     let projects = v.ok("GET", "/v1/projects", None).await;
     let p = &projects["projects"][0];
-    assert_eq!((&p["path"], &p["workdirs"]), (&json!(canon(repo.path())), &json!(1)));
+    assert_eq!(
+        (&p["path"], &p["workdirs"]),
+        (&json!(canon(repo.path())), &json!(1))
+    );
 
     // Removed: the folder goes, the branch stays.
     v.ok("DELETE", &format!("/v1/workdirs/{id}"), None).await;
     assert!(!path.exists());
-    git(repo.path(), &["rev-parse", "--verify", "refs/heads/bmx/feat"]);
+    git(
+        repo.path(),
+        &["rev-parse", "--verify", "refs/heads/bmx/feat"],
+    );
     let (st, _) = v.req("GET", &format!("/v1/workdirs/{id}"), None).await;
     assert_eq!(st, 404);
 }
@@ -153,7 +165,10 @@ async fn uncommitted_changes_refuse_removal_unless_forced() {
         let (st, e) = v.req(method, &route, None).await;
         assert_eq!((st, code(&e)), (409, "state"), "{method} {route}: {e}");
         assert!(
-            e["error"]["message"].as_str().unwrap().contains("uncommitted"),
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("uncommitted"),
             "{e}"
         );
     }
@@ -193,34 +208,69 @@ async fn folder_and_main_workdirs_and_bad_projects() {
     assert_eq!(f["path"], canon(plain.path()));
     assert!(f.get("branch").is_none());
     let m = create(&v, json!({"project": repo.path(), "kind": "main"})).await;
-    assert_eq!((&m["path"], &m["branch"]), (&json!(canon(repo.path())), &json!("main")));
+    assert_eq!(
+        (&m["path"], &m["branch"]),
+        (&json!(canon(repo.path())), &json!("main"))
+    );
     // The main workdir of a linked worktree's folder is the main one.
     let w = create(&v, json!({"project": repo.path(), "kind": "worktree"})).await;
     assert!(w["name"].as_str().unwrap().starts_with("wt-"));
-    let m2 = create(&v, json!({"project": w["path"], "kind": "main", "name": "via-wt"})).await;
+    let m2 = create(
+        &v,
+        json!({"project": w["path"], "kind": "main", "name": "via-wt"}),
+    )
+    .await;
     assert_eq!(m2["path"], canon(repo.path()));
     // Without a name, each worktree is a new one.
     let w2 = create(&v, json!({"project": repo.path(), "kind": "worktree"})).await;
     assert_ne!(w["id"], w2["id"]);
     // A folder workdir's archive touches no file.
-    v.ok("POST", &format!("/v1/workdirs/{}/archive", f["id"].as_str().unwrap()), None)
-        .await;
+    v.ok(
+        "POST",
+        &format!("/v1/workdirs/{}/archive", f["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
     assert!(plain.path().is_dir());
 
     let file = plain.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
     let not_git = tempfile::tempdir().unwrap();
     for (body, needle) in [
-        (json!({"project": "/no/such/dir", "kind": "folder"}), "not a directory"),
-        (json!({"project": file, "kind": "folder"}), "not a directory"),
-        (json!({"project": "relative/dir", "kind": "folder"}), "absolute"),
-        (json!({"project": not_git.path(), "kind": "worktree", "name": "x"}), "git"),
+        (
+            json!({"project": "/no/such/dir", "kind": "folder"}),
+            "not a directory",
+        ),
+        (
+            json!({"project": file, "kind": "folder"}),
+            "not a directory",
+        ),
+        (
+            json!({"project": "relative/dir", "kind": "folder"}),
+            "absolute",
+        ),
+        (
+            json!({"project": not_git.path(), "kind": "worktree", "name": "x"}),
+            "git",
+        ),
         (json!({"project": not_git.path(), "kind": "main"}), "git"),
-        (json!({"project": repo.path(), "kind": "worktree", "name": "../x"}), "name"),
-        (json!({"project": repo.path(), "kind": "folder", "branch": "b"}), "branch"),
-        (json!({"project": repo.path(), "kind": "worktree", "name": "y", "branch": "-x"}), "branch"),
+        (
+            json!({"project": repo.path(), "kind": "worktree", "name": "../x"}),
+            "name",
+        ),
+        (
+            json!({"project": repo.path(), "kind": "folder", "branch": "b"}),
+            "branch",
+        ),
+        (
+            json!({"project": repo.path(), "kind": "worktree", "name": "y", "branch": "-x"}),
+            "branch",
+        ),
         (json!({"project": repo.path(), "kind": "tree"}), "variant"),
-        (json!({"project": repo.path(), "kind": "folder", "bogus": 1}), "bogus"),
+        (
+            json!({"project": repo.path(), "kind": "folder", "bogus": 1}),
+            "bogus",
+        ),
         (json!({"kind": "folder"}), "project"),
     ] {
         let (st, e) = v.req("POST", "/v1/workdirs", Some(body.clone())).await;
@@ -258,7 +308,11 @@ async fn folder_and_main_workdirs_and_bad_projects() {
 async fn the_registry_survives_a_restart_and_projects_are_forgotten() {
     let mut v = Visor::start();
     let repo = repo();
-    let w = create(&v, json!({"project": repo.path(), "kind": "worktree", "name": "keep"})).await;
+    let w = create(
+        &v,
+        json!({"project": repo.path(), "kind": "worktree", "name": "keep"}),
+    )
+    .await;
     let id = w["id"].as_str().unwrap().to_owned();
     let path = PathBuf::from(w["path"].as_str().unwrap());
     let a = v
@@ -281,10 +335,19 @@ async fn the_registry_survives_a_restart_and_projects_are_forgotten() {
     let f = v.ok("DELETE", &format!("/v1/projects/{pid}"), None).await;
     assert_eq!(f["workdirs"], json!([id]));
     assert!(path.join("README").is_file(), "files untouched");
-    assert_eq!(v.ok("GET", "/v1/workdirs", None).await["workdirs"], json!([]));
-    assert_eq!(v.ok("GET", "/v1/projects", None).await["projects"], json!([]));
+    assert_eq!(
+        v.ok("GET", "/v1/workdirs", None).await["workdirs"],
+        json!([])
+    );
+    assert_eq!(
+        v.ok("GET", "/v1/projects", None).await["projects"],
+        json!([])
+    );
     v.restart();
-    assert_eq!(v.ok("GET", "/v1/workdirs", None).await["workdirs"], json!([]));
+    assert_eq!(
+        v.ok("GET", "/v1/workdirs", None).await["workdirs"],
+        json!([])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,10 +358,22 @@ async fn the_workdir_cli() {
     let project = repo.path().display().to_string();
     let out = cli(
         home,
-        &["--json", "workdir", "create", "--project", &project, "--name", "cli"],
+        &[
+            "--json",
+            "workdir",
+            "create",
+            "--project",
+            &project,
+            "--name",
+            "cli",
+        ],
         "",
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let env: Value = serde_json::from_slice(&out.stdout).unwrap();
     let w = &env["data"];
     let id = w["id"].as_str().unwrap().to_owned();
@@ -308,18 +383,27 @@ async fn the_workdir_cli() {
     assert!(out.status.success());
     assert!(text.lines().next().unwrap().starts_with("ID"), "{text}");
     assert!(
-        text.lines().any(|l| l.starts_with(&id) && l.contains("active") && l.contains("bmx/cli")),
+        text.lines()
+            .any(|l| l.starts_with(&id) && l.contains("active") && l.contains("bmx/cli")),
         "{text}"
     );
     let out = cli(home, &["workdir", "archive", &id], "");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("archived"));
     let out = cli(home, &["workdir", "restore", &id], "");
     assert!(out.status.success());
     let path = PathBuf::from(w["path"].as_str().unwrap());
     // A session started in it from the CLI holds it.
     let out = cli(home, &["start", "--workdir", &id, "--", "sleep", "600"], "");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let sid = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     let s = v.session(&sid).await;
     assert_eq!((&s["workdir"], &s["workingDir"]), (&json!(id), &w["path"]));
@@ -336,7 +420,11 @@ async fn the_workdir_cli() {
         String::from_utf8_lossy(&out.stderr)
     );
     let out = cli(home, &["workdir", "rm", "--force", &id], "");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("removed"));
     assert!(!path.exists());
 }
