@@ -316,9 +316,9 @@ pub enum SpoolError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("the hook spool {0} is full ({MAX_SPOOL} bytes); this hook is not kept")]
+    #[error("the hook spool {0} is full ({max} bytes); this hook is not kept", max = MAX_SPOOL)]
     Full(PathBuf),
-    #[error("the hook spool {0} stayed locked for {LOCK_WAIT:?}")]
+    #[error("the hook spool {0} stayed locked for {wait:?}", wait = LOCK_WAIT)]
     Locked(PathBuf),
 }
 
