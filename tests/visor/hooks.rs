@@ -188,7 +188,7 @@ async fn hooks_while_the_visor_is_down_are_spooled_and_replayed_once_in_order() 
     assert_eq!(mine.len(), 2, "{seen:?}");
     assert_eq!(mine[0]["hookEvent"], "SessionStart");
     assert_eq!(mine[1]["payload"]["prompt"], "second");
-    assert!(mine.iter().all(|e| e["replayed"] == true));
+    assert!(mine.iter().all(|e| e["replayed"].as_bool() == Some(true)));
     assert!(mine[0]["seq"].as_u64() < mine[1]["seq"].as_u64());
     assert_eq!(
         std::fs::metadata(&spool).unwrap().len(),
