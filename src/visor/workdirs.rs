@@ -3,9 +3,9 @@
 //! worktree of its own on its own branch — and the projects they belong
 //! to.
 //!
-//! [`Registry`] is the sans-IO part: records, idempotency (project + kind
-//! + name), bounds and the removal rule ([`removal_allowed`]). [`Workdirs`]
-//! wraps it with the I/O: canonical paths, `git` as a child process with a
+//! [`Registry`] is the sans-IO part: records, idempotency (by project,
+//! kind and name), bounds and the removal rule ([`removal_allowed`]).
+//! [`Workdirs`] wraps it with the I/O: canonical paths, `git` as a child process with a
 //! deadline and a clean environment, and the registry file
 //! `<home>/workdirs.json` (written whole, atomically), so the registry
 //! survives a visor restart.
