@@ -428,3 +428,39 @@ async fn the_workdir_cli() {
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("removed"));
     assert!(!path.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observed_session_in_a_workdir_holds_it_and_its_project() {
+    let v = Visor::start();
+    let repo = repo();
+    let w = create(
+        &v,
+        json!({"project": repo.path(), "kind": "worktree", "name": "obs"}),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap().to_owned();
+    let sub = PathBuf::from(w["path"].as_str().unwrap()).join("src");
+    std::fs::create_dir(&sub).unwrap();
+    let call = |event: &str| {
+        json!({"agent": "claude", "session": "obs-1",
+            "payload": {"session_id": "obs-1", "hook_event_name": event, "cwd": sub}})
+    };
+    let s = v.ok("POST", "/v1/hook", Some(call("SessionStart"))).await;
+    assert_eq!(
+        (&s["kind"], &s["workdir"]),
+        (&json!("observed"), &json!(id))
+    );
+    let projects = v.ok("GET", "/v1/projects", None).await;
+    let pid = projects["projects"][0]["id"].as_str().unwrap().to_owned();
+    for (method, route) in [
+        ("DELETE", format!("/v1/workdirs/{id}")),
+        ("DELETE", format!("/v1/projects/{pid}")),
+    ] {
+        let (st, e) = v.req(method, &route, None).await;
+        assert_eq!((st, code(&e)), (409, "state"), "{route}: {e}");
+    }
+    v.ok("POST", "/v1/hook", Some(call("SessionEnd"))).await;
+    let f = v.ok("DELETE", &format!("/v1/projects/{pid}"), None).await;
+    assert_eq!(f["workdirs"], json!([id]));
+    assert!(sub.is_dir(), "forgetting touches no file");
+}
