@@ -1,6 +1,6 @@
 //! `bmx visor`: serve (no subcommand), or a client of a running visor's
-//! socket (`ls`, `start`, `send`, `screen`, `stop`, `events`, `purge`),
-//! with human output or `--json`.
+//! socket (`ls`, `start`, `send`, `screen`, `stop`, `events`, `purge`,
+//! `workdir …`, `hook`), with human output or `--json`.
 
 use super::attach::{tty_size, RawMode};
 use bmx::visor::client::{self, ClientError};
@@ -63,6 +63,10 @@ pub enum VisorCommand {
         /// Working directory (absolute).
         #[arg(long)]
         cwd: Option<PathBuf>,
+        /// Run in this workdir (`bmx visor workdir ls`); --cwd, if given,
+        /// must be inside it.
+        #[arg(long)]
+        workdir: Option<String>,
         /// Labels, `k=v` (repeatable).
         #[arg(long = "label")]
         labels: Vec<String>,
@@ -93,6 +97,61 @@ pub enum VisorCommand {
     Purge {
         #[arg(long)]
         session: Option<String>,
+    },
+    /// Workdirs: a project's folder, its repository's main worktree, or a
+    /// git worktree of its own on its own branch.
+    Workdir {
+        #[command(subcommand)]
+        command: WorkdirCommand,
+    },
+    /// Report one hook of an agent started outside the visor: reads the
+    /// hook's JSON payload on stdin and posts it; when no visor runs, the
+    /// call is spooled in <home>/hooks/spool for the next one (exit 0).
+    /// Prints nothing on success (a hook's stdout may reach the agent).
+    Hook {
+        /// The agent's name (1-64 of A-Z a-z 0-9 - _ .).
+        #[arg(long)]
+        agent: String,
+        /// Labels of the observed session, `k=v` (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkdirCommand {
+    /// List workdirs.
+    Ls,
+    /// Make a workdir (idempotent by project, kind and name).
+    Create {
+        /// The project folder (default: the current directory).
+        #[arg(long)]
+        project: Option<PathBuf>,
+        /// folder, main or worktree.
+        #[arg(long, default_value = "worktree")]
+        kind: String,
+        /// The workdir's name (a worktree's folder; default: generated).
+        #[arg(long)]
+        name: Option<String>,
+        /// A worktree's branch (default: bmx/<name>).
+        #[arg(long)]
+        branch: Option<String>,
+    },
+    /// Archive a workdir: a worktree's folder is removed, its branch kept.
+    Archive {
+        id: String,
+        /// Even while a live session uses it or it has uncommitted changes.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Restore an archived workdir (a worktree is added again on its branch).
+    Restore { id: String },
+    /// Remove a workdir (a worktree's folder; its branch is kept).
+    Rm {
+        id: String,
+        /// Even while a live session uses it or it has uncommitted changes.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -174,12 +233,16 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             restart,
             restart_prompt,
             cwd,
+            workdir,
             labels,
             command,
         } => {
-            let cwd = cwd
-                .or_else(|| std::env::current_dir().ok())
-                .map(|p| p.display().to_string());
+            // In a workdir, its folder is the default working directory.
+            let cwd = match &workdir {
+                Some(_) => cwd,
+                None => cwd.or_else(|| std::env::current_dir().ok()),
+            }
+            .map(|p| p.display().to_string());
             let labels: serde_json::Map<String, Value> = labels
                 .iter()
                 .filter_map(|l| l.split_once('='))
@@ -191,7 +254,11 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 Some(a) => body["agent"] = a.into(),
                 None => body["command"] = command.into(),
             }
-            for (k, v) in [("prompt", prompt), ("resumeId", resume_id)] {
+            for (k, v) in [
+                ("prompt", prompt),
+                ("resumeId", resume_id),
+                ("workdir", workdir),
+            ] {
                 if let Some(v) = v {
                     body[k] = v.into();
                 }
@@ -284,6 +351,10 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                     }
                 })
         }
+        VisorCommand::Workdir { command } => workdir(&socket, command, json).await,
+        VisorCommand::Hook { agent, labels } => {
+            return hook(&home, &socket, &agent, &labels, json).await
+        }
         VisorCommand::Attach { session } => return attach(&socket, &session).await,
         VisorCommand::Events {
             after,
@@ -295,6 +366,183 @@ pub async fn run(args: VisorArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if json => fail_json(e),
         Err(e) => fail(e),
+    }
+}
+
+/// One workdir as a line: id, state, kind, branch, path.
+fn workdir_line(w: &Value) -> String {
+    format!(
+        "{:<15} {:<8} {:<8} {:<24} {}",
+        w["id"].as_str().unwrap_or(""),
+        w["state"].as_str().unwrap_or(""),
+        w["kind"].as_str().unwrap_or(""),
+        w["branch"].as_str().unwrap_or("-"),
+        w["path"].as_str().unwrap_or("")
+    )
+}
+
+async fn workdir(
+    socket: &std::path::Path,
+    cmd: WorkdirCommand,
+    json: bool,
+) -> Result<(), ClientError> {
+    let force_q = |force: bool| if force { "?force=true" } else { "" };
+    let (v, list) = match cmd {
+        WorkdirCommand::Ls => (
+            client::request(socket, "GET", "/v1/workdirs", None).await?,
+            true,
+        ),
+        WorkdirCommand::Create {
+            project,
+            kind,
+            name,
+            branch,
+        } => {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let project = match project {
+                Some(p) if p.is_relative() => cwd.join(p),
+                Some(p) => p,
+                None => cwd,
+            };
+            let mut body = json!({"project": project.display().to_string(), "kind": kind});
+            if let Some(n) = name {
+                body["name"] = n.into();
+            }
+            if let Some(b) = branch {
+                body["branch"] = b.into();
+            }
+            let v = client::request(socket, "POST", "/v1/workdirs", Some(&body)).await?;
+            (v, false)
+        }
+        WorkdirCommand::Archive { id, force } => {
+            let path = format!("/v1/workdirs/{}/archive{}", enc(&id), force_q(force));
+            (client::request(socket, "POST", &path, None).await?, false)
+        }
+        WorkdirCommand::Restore { id } => {
+            let path = format!("/v1/workdirs/{}/restore", enc(&id));
+            (client::request(socket, "POST", &path, None).await?, false)
+        }
+        WorkdirCommand::Rm { id, force } => {
+            let path = format!("/v1/workdirs/{}{}", enc(&id), force_q(force));
+            let v = client::request(socket, "DELETE", &path, None).await?;
+            if !json {
+                println!("removed {}", workdir_line(&v["removed"]));
+                return Ok(());
+            }
+            (v, false)
+        }
+    };
+    if json {
+        println!("{}", envelope(&v));
+    } else if list {
+        println!(
+            "{:<15} {:<8} {:<8} {:<24} PATH",
+            "ID", "STATE", "KIND", "BRANCH"
+        );
+        for w in v["workdirs"].as_array().into_iter().flatten() {
+            println!("{}", workdir_line(w));
+        }
+    } else {
+        println!("{}", workdir_line(&v));
+    }
+    Ok(())
+}
+
+/// How long `bmx visor hook` waits for its payload and for the visor: a
+/// hook must never hold its agent up for long.
+const HOOK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Stdin, at most `limit` bytes, within [`HOOK_WAIT`]; read on a thread of
+/// its own so that a stdin that never ends does not hold the exit.
+async fn read_payload(limit: usize) -> Result<Vec<u8>, String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::Read as _;
+        let mut buf = Vec::new();
+        let r = std::io::stdin()
+            .lock()
+            .take(limit as u64 + 1)
+            .read_to_end(&mut buf)
+            .map(|_| buf);
+        let _ = tx.send(r);
+    });
+    match tokio::time::timeout(HOOK_WAIT, rx).await {
+        Ok(Ok(Ok(b))) if b.len() > limit => {
+            Err(format!("the hook payload is larger than {limit} bytes"))
+        }
+        Ok(Ok(Ok(b))) => Ok(b),
+        Ok(Ok(Err(e))) => Err(format!("cannot read the hook payload: {e}")),
+        Ok(Err(_)) => Err("cannot read the hook payload".into()),
+        Err(_) => Err(format!(
+            "no hook payload on stdin within {} s",
+            HOOK_WAIT.as_secs()
+        )),
+    }
+}
+
+/// `bmx visor hook`: post the call; when no visor is there (nothing
+/// listens on the socket, or it is shutting down), spool it and exit 0.
+/// An answer that does not come in time is not spooled: the visor may
+/// have taken the call, and a hook is applied at most once.
+async fn hook(
+    home: &std::path::Path,
+    socket: &std::path::Path,
+    agent: &str,
+    labels: &[String],
+    json: bool,
+) -> ExitCode {
+    use bmx::visor::hooks::{self, HookCall};
+    let bad = |m: String| {
+        eprintln!("bmx visor hook: {m}");
+        ExitCode::from(1)
+    };
+    let payload = match read_payload(hooks::MAX_PAYLOAD).await {
+        Ok(p) => p,
+        Err(m) => return bad(m),
+    };
+    let call = match HookCall::from_payload(agent, &payload, labels) {
+        Ok(c) => c,
+        Err(e) => return bad(e.to_string()),
+    };
+    let body = match serde_json::to_value(&call) {
+        Ok(b) => b,
+        Err(e) => return bad(e.to_string()),
+    };
+    let posted = tokio::time::timeout(
+        HOOK_WAIT,
+        client::request(socket, "POST", "/v1/hook", Some(&body)),
+    )
+    .await;
+    match posted {
+        Ok(Ok(v)) => {
+            if json {
+                println!("{}", envelope(&v));
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(Err(ClientError::Connect(..))) | Ok(Err(ClientError::Api { status: 503, .. })) => {
+            let home = home.to_owned();
+            let spooled =
+                tokio::task::spawn_blocking(move || hooks::spool_append(&home, &call)).await;
+            match spooled {
+                Ok(Ok(path)) => {
+                    eprintln!("bmx visor hook: no visor; spooled in {}", path.display());
+                    if json {
+                        let v = json!({"spooled": true, "path": path.display().to_string()});
+                        println!("{}", envelope(&v));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Ok(Err(e)) => bad(e.to_string()),
+                Err(e) => bad(e.to_string()),
+            }
+        }
+        Ok(Err(e)) if json => fail_json(e),
+        Ok(Err(e)) => fail(e),
+        Err(_) => bad(format!(
+            "the visor did not answer within {} s; the hook is not spooled",
+            HOOK_WAIT.as_secs()
+        )),
     }
 }
 

@@ -81,7 +81,9 @@ fn invalid(path: &Path, m: impl std::fmt::Display) -> VisorError {
     VisorError::Invalid(format!("{}: {m}", path.display()))
 }
 
-fn valid_name(n: &str) -> bool {
+/// A name of `agents.toml` (and of `bmx visor hook --agent`): 1-64 of
+/// `A-Z a-z 0-9 - _ .`.
+pub fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 64
         && n.bytes()

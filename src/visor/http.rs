@@ -69,11 +69,13 @@ pub fn router(visor: Arc<Visor>) -> Router {
         .route("/v1/agents", get(agents))
         .route("/v1/agents/{name}", get(agent))
         .route("/v1/agents/{name}/{*rest}", any(not_offered))
-        .route("/v1/workdirs", any(not_offered))
-        .route("/v1/workdirs/{*rest}", any(not_offered))
-        .route("/v1/projects", any(not_offered))
-        .route("/v1/projects/{*rest}", any(not_offered))
-        .route("/v1/hook", any(not_offered))
+        .route("/v1/workdirs", get(workdirs).post(workdir_create))
+        .route("/v1/workdirs/{id}", get(workdir).delete(workdir_delete))
+        .route("/v1/workdirs/{id}/archive", post(workdir_archive))
+        .route("/v1/workdirs/{id}/restore", post(workdir_restore))
+        .route("/v1/projects", get(projects))
+        .route("/v1/projects/{id}", axum::routing::delete(project_forget))
+        .route("/v1/hook", post(hook))
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .with_state(visor)
@@ -244,7 +246,17 @@ async fn list(State(v): Visor_, req: Request) -> ApiResult {
 }
 
 async fn start(State(v): Visor_, req: Request) -> ApiResult {
-    let spec: StartSpec = json_body(req).await?;
+    let mut spec: StartSpec = json_body(req).await?;
+    // A session in a workdir: the registry stays locked until the session
+    // has started, so the workdir cannot be archived or removed under it.
+    let _workdirs = match spec.workdir.clone() {
+        Some(id) => {
+            let reg = v.workdirs.lock().await;
+            spec.working_dir = Some(reg.session_dir(&id, spec.working_dir.as_deref())?);
+            Some(reg)
+        }
+        None => None,
+    };
     let recipe = match &spec.agent {
         Some(name) => Some(super::agents::recipe(&v.home, name)?),
         None => None,
@@ -312,6 +324,94 @@ async fn agent(State(v): Visor_, Path(name): Path<String>) -> ApiResult {
     Ok(Json(super::agents::report(&name, r).await).into_response())
 }
 
+/// `GET /v1/workdirs`.
+async fn workdirs(State(v): Visor_) -> ApiResult {
+    let list = v.workdirs.lock().await.registry().workdirs().to_vec();
+    Ok(Json(json!({ "workdirs": list })).into_response())
+}
+
+/// `GET /v1/workdirs/{id}`.
+async fn workdir(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
+    let w = v.workdirs.lock().await.registry().get(&id).cloned();
+    let w = w.ok_or_else(|| VisorError::NotFound(format!("no workdir {id:?}")))?;
+    Ok(Json(w).into_response())
+}
+
+/// `POST /v1/workdirs`: 201 when made, 200 when it existed.
+async fn workdir_create(State(v): Visor_, req: Request) -> ApiResult {
+    let spec: super::workdirs::CreateSpec = json_body(req).await?;
+    let (w, made) = v.workdirs.lock().await.create(spec).await?;
+    let status = if made {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(w)).into_response())
+}
+
+/// `?force=` (`true`/`1`; anything else but `false`/`0`/empty is 400).
+fn force(req: &Request) -> Result<bool, VisorError> {
+    let q = query(req.uri())?;
+    match q.get("force").and_then(|l| l.first()).map(String::as_str) {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(other) => Err(VisorError::Invalid(format!(
+            "force is true or false, not {other:?}"
+        ))),
+    }
+}
+
+/// The live sessions using workdir `id` (none for an unknown id).
+fn users_of(v: &Visor, reg: &super::workdirs::Workdirs, id: &str) -> Vec<String> {
+    reg.registry()
+        .get(id)
+        .map(|w| super::workdirs::users(v, w))
+        .unwrap_or_default()
+}
+
+/// `POST /v1/workdirs/{id}/archive[?force=true]`.
+async fn workdir_archive(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
+    let force = force(&req)?;
+    let mut reg = v.workdirs.lock().await;
+    let users = users_of(&v, &reg, &id);
+    let w = reg.archive(&id, &users, force).await?;
+    Ok(Json(w).into_response())
+}
+
+/// `POST /v1/workdirs/{id}/restore`.
+async fn workdir_restore(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
+    let w = v.workdirs.lock().await.restore(&id).await?;
+    Ok(Json(w).into_response())
+}
+
+/// `DELETE /v1/workdirs/{id}[?force=true]`.
+async fn workdir_delete(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
+    let force = force(&req)?;
+    let mut reg = v.workdirs.lock().await;
+    let users = users_of(&v, &reg, &id);
+    let w = reg.remove(&id, &users, force).await?;
+    Ok(Json(json!({"removed": w})).into_response())
+}
+
+/// `GET /v1/projects`.
+async fn projects(State(v): Visor_) -> ApiResult {
+    Ok(Json(v.workdirs.lock().await.projects_view()).into_response())
+}
+
+/// `DELETE /v1/projects/{id}`: forget it (files untouched).
+async fn project_forget(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
+    let mut reg = v.workdirs.lock().await;
+    let out = reg.forget(&id, |w| super::workdirs::users(&v, w))?;
+    Ok(Json(out).into_response())
+}
+
+/// `POST /v1/hook`: one hook call of an agent started outside the visor.
+async fn hook(State(v): Visor_, req: Request) -> ApiResult {
+    let call: super::hooks::HookCall = json_body(req).await?;
+    let view = super::hooks::intake(&v, call, false).await?;
+    Ok(Json(view).into_response())
+}
+
 /// Terminal output as plain text: escape sequences removed, `\r\n` → `\n`,
 /// other control characters but tab dropped.
 pub fn plain_text(bytes: &[u8]) -> String {
@@ -367,6 +467,16 @@ async fn output(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
     Ok(Json(json!({"text": plain_text(&bytes), "seq": seq})).into_response())
 }
 
+/// Observed sessions (hooks) have no process to write to or stop.
+fn no_process(d: &super::session::SessionData) -> Result<(), VisorError> {
+    if d.checked.spec.kind == Kind::Observed {
+        return Err(VisorError::State(
+            "an observed session has no process: the visor only hears its hooks".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Send a write-type message to the session's current run.
 async fn to_run(
     v: &Visor,
@@ -383,6 +493,7 @@ async fn ask_run<T: Send + 'static>(
     f: impl FnOnce(ractor::RpcReplyPort<Result<T, VisorError>>) -> SessionMsg,
 ) -> Result<T, VisorError> {
     let d = v.session(id)?;
+    no_process(&d)?;
     if !d.state().live() {
         return Err(VisorError::State("the session has exited".into()));
     }
@@ -490,6 +601,7 @@ async fn interrupt(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
 /// sessions have none: 404).
 async fn answer(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let d = v.session(&id)?;
+    no_process(&d)?;
     let a: AnswerSpec = json_body(req).await?;
     if a.message.as_ref().is_some_and(|m| m.len() > MAX_TEXT) {
         return Err(VisorError::Invalid(format!(
@@ -511,6 +623,7 @@ async fn answer(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiRe
 
 async fn stop(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
     let d = v.session(&id)?;
+    no_process(&d)?;
     if !d.state().live() {
         return Err(VisorError::State("the session has exited".into()));
     }

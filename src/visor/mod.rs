@@ -10,6 +10,10 @@
 //!                           or an ACP agent on stdio (`wire`)
 //! ```
 //!
+//! Beside the tree, not actors: the workdir registry ([`workdirs`], one
+//! operation at a time behind an async lock) and observed sessions
+//! ([`hooks`]: records with no process, fed by agents' hooks).
+//!
 //! Sans-IO cores: [`state`] (the session state machine), [`events`]
 //! (numbering, retention, replay), [`lease`] (the writer lease). The HTTP
 //! side ([`http`], [`attach`]) only parses, checks sizes and routes.
@@ -20,6 +24,7 @@ pub mod chat;
 pub mod client;
 pub mod error;
 pub mod events;
+pub mod hooks;
 pub mod http;
 pub mod lease;
 pub mod lock;
@@ -29,6 +34,7 @@ pub mod sessions;
 pub mod state;
 pub mod types;
 pub mod wire;
+pub mod workdirs;
 
 pub use error::VisorError;
 
@@ -55,6 +61,11 @@ pub struct Visor {
     pub sessions: DashMap<String, Arc<SessionData>>,
     pub owner: Mutex<Option<ActorRef<SessionsMsg>>>,
     pub shutdown: CancellationToken,
+    /// Workdirs and projects (VISOR.md §5): one operation at a time.
+    pub workdirs: tokio::sync::Mutex<workdirs::Workdirs>,
+    /// Hook calls are taken one at a time (one observed session per
+    /// vendor session, events in arrival order).
+    pub hooks: tokio::sync::Mutex<()>,
     closing: AtomicBool,
     next_client: AtomicU64,
 }
@@ -62,6 +73,8 @@ pub struct Visor {
 impl Visor {
     pub fn new(home: PathBuf, socket: PathBuf) -> Arc<Visor> {
         Arc::new(Visor {
+            workdirs: tokio::sync::Mutex::new(workdirs::Workdirs::new(home.clone())),
+            hooks: tokio::sync::Mutex::new(()),
             home,
             socket,
             instance: uuid::Uuid::new_v4().simple().to_string(),
@@ -168,6 +181,11 @@ pub async fn serve(
     }
     let visor = Visor::new(home.clone(), socket.clone());
     let _lock = lock::acquire(&home, &visor.instance)?;
+    // The workdir registry is read once the home is ours.
+    match visor.workdirs.lock().await.load() {
+        Ok(n) => tracing::debug!(workdirs = n, "workdir registry loaded"),
+        Err(e) => tracing::warn!(error = %e, "workdir registry not loaded"),
+    }
     crate::process::sys::become_subreaper();
     crate::process::sys::reserve_spare_fd();
     // We hold the lock: a socket file here is a dead visor's.
@@ -195,6 +213,9 @@ pub async fn serve(
     })
     .await
     .map_err(|e| ServeError::Spawn(e.to_string()))?;
+    // Hooks spooled while no visor ran, in order, before any new call is
+    // served (those wait in the socket's backlog).
+    hooks::replay_spool(&visor).await;
     tracing::info!(home = %home.display(), socket = %socket.display(), instance = %visor.instance, "visor serving");
     let app = http::router(visor.clone());
     let token = visor.shutdown.clone();

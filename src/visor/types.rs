@@ -139,8 +139,7 @@ impl StartSpec {
     /// spec names, looked up by the caller in `agents.toml`.
     ///
     /// # Errors
-    /// `invalid` for a malformed spec; `unsupported` for what this visor
-    /// does not offer (managed workdirs).
+    /// `invalid` for a malformed spec.
     pub fn check(mut self, recipe: Option<&Recipe>) -> Result<Checked, VisorError> {
         match (&self.command, &self.agent) {
             (Some(_), Some(_)) | (None, None) => {
@@ -176,10 +175,10 @@ impl StartSpec {
             (Some(name), None) => return Err(invalid(format!("unknown agent {name:?}"))),
             (None, _) => {}
         }
-        if self.workdir.is_some() {
-            return Err(VisorError::Unsupported(
-                "managed workdirs are not offered by this visor yet; use workingDir".into(),
-            ));
+        // A workdir is resolved to its folder (`workingDir`) by the caller,
+        // which holds the registry: an unresolved one is a caller's bug.
+        if self.workdir.is_some() && self.working_dir.is_none() {
+            return Err(invalid("workdir was not resolved to a folder"));
         }
         if self.restart.mode == RestartMode::Resume && self.kind != Kind::Wire {
             return Err(invalid(

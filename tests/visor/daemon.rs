@@ -127,8 +127,12 @@ async fn hello_checks_the_protocol_and_errors_are_typed() {
         ("POST", "/v1/sessions/nope/stop", None, 404, "not_found"),
         ("GET", "/v1/nothing-here", None, 404, "not_found"),
         ("GET", "/v1/agents/nope", None, 404, "not_found"),
-        ("POST", "/v1/hook", Some("{}"), 501, "unsupported"),
-        ("POST", "/v1/workdirs", Some("{}"), 501, "unsupported"),
+        ("POST", "/v1/hook", Some("{}"), 400, "invalid"),
+        ("POST", "/v1/workdirs", Some("{}"), 400, "invalid"),
+        ("POST", "/v1/workdirs", Some("[1]"), 400, "invalid"),
+        ("GET", "/v1/workdirs/nope", None, 404, "not_found"),
+        ("DELETE", "/v1/projects/nope", None, 404, "not_found"),
+        ("POST", "/v1/agents/x/install", None, 501, "unsupported"),
     ] {
         let (st, e) = http(&v.socket(), method, path, body).await;
         assert_eq!(

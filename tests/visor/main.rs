@@ -9,5 +9,7 @@ mod agents;
 mod attach;
 mod daemon;
 mod events;
+mod hooks;
 mod pty;
 mod wire;
+mod workdirs;

@@ -35,6 +35,20 @@ impl Visor {
         v
     }
 
+    /// Start the visor again on the same home (stopping it first if it
+    /// runs) and wait for its socket.
+    pub fn restart(&mut self) {
+        if self.child.is_some() {
+            let _ = self.stop();
+        }
+        self.child = Some(spawn(self.home.path()));
+        let deadline = Instant::now() + WAIT;
+        while std::os::unix::net::UnixStream::connect(self.socket()).is_err() {
+            assert!(Instant::now() < deadline, "the visor did not come up again");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.home.path().join("visor.sock")
     }
@@ -149,7 +163,7 @@ impl Visor {
 impl Drop for Visor {
     fn drop(&mut self) {
         if self.child.is_some() {
-            self.stop();
+            let _ = self.stop();
         }
     }
 }
@@ -375,4 +389,55 @@ pub async fn events_until(ws: &mut Ws, what: &str, cond: impl Fn(&Value) -> bool
             return out;
         }
     }
+}
+
+/// `git -C dir args…` (an author set, no signing); its stdout. Panics
+/// with git's stderr when it fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "commit.gpgsign=false"])
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A git repository with one commit on `main`.
+pub fn repo() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    git(d.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(d.path().join("README"), "hi\n").unwrap();
+    git(d.path(), &["add", "README"]);
+    git(d.path(), &["commit", "-q", "-m", "first"]);
+    d
+}
+
+/// `bmx visor --home HOME ARGS…` with `stdin` written to it; its output.
+pub fn cli(home: &Path, args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bmx"))
+        .args(["visor", "--home"])
+        .arg(home)
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let _ = input.write_all(stdin.as_bytes());
+    drop(input);
+    child.wait_with_output().unwrap()
 }
