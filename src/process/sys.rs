@@ -801,7 +801,13 @@ mod tests {
             .read_line(&mut line)
             .unwrap();
         let orphan: i32 = line.trim().parse().unwrap();
-        assert!(pids_in_scope(&scope).contains(&orphan));
+        // `$!` is known before the child has exec'd `setsid`; while an
+        // exec is under way its environ cannot be read. Give it time.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !pids_in_scope(&scope).contains(&orphan) {
+            assert!(std::time::Instant::now() < deadline, "{orphan} never in scope");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         kill_scope(None, &scope);
         let _ = child.wait();
         // The orphan is gone (or a zombie about to be reaped by its parent).

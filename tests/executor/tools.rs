@@ -111,15 +111,28 @@ async fn every_builtin_tool_round_trips() {
 async fn unknown_and_display_tools_are_rpc_errors() {
     let rig = Rig::start(Options::default()).await;
     rig.assign("s").await;
+    // A computer tool this executor does not have: -32012, display or
+    // not (`computer_action` itself is tests/executor/computer.rs's).
     let e: RpcError = rig
         .conn
         .call::<_, Accepted>(
             Method::ToolCall,
-            &call("s", "c", "computer_action", json!({})),
+            &call("s", "c", "computer_frobnicate", json!({})),
         )
         .await
         .unwrap_err();
     assert_eq!(e.code, -32012);
+    if rig.registered.capabilities.display.is_none() {
+        let e: RpcError = rig
+            .conn
+            .call::<_, Accepted>(
+                Method::ToolCall,
+                &call("s", "d", "computer_action", json!({})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, -32012);
+    }
     let e: RpcError = rig
         .conn
         .call::<_, Accepted>(Method::ToolCall, &call("s", "u", "no_such_tool", json!({})))
