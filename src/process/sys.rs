@@ -805,7 +805,10 @@ mod tests {
         // exec is under way its environ cannot be read. Give it time.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !pids_in_scope(&scope).contains(&orphan) {
-            assert!(std::time::Instant::now() < deadline, "{orphan} never in scope");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{orphan} never in scope"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         kill_scope(None, &scope);
