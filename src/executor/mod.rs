@@ -18,6 +18,7 @@ pub mod backup;
 pub mod config;
 pub mod confirm;
 pub mod journal;
+pub mod file_transfer;
 pub mod mcp;
 pub mod metrics;
 pub mod outbox;
@@ -28,6 +29,7 @@ pub mod stop;
 // Issue 15 (part A): package install, git credentials.
 pub mod git_credentials;
 pub mod packages;
+pub mod restore;
 
 pub use config::{ExecutorConfig, TokenSource};
 pub use runtime::Shared;

@@ -116,6 +116,8 @@ impl Shared {
                 // tests/executor/git.rs).
                 package_install: true,
                 git_credentials: self.config.git_credentials.is_some(),
+                // Issue 15: tests/harness/file_transfer.rs.
+                file_transfer: crate::executor::file_transfer::ENABLED,
                 ..Default::default()
             }),
             files: Some(FilesCapability {
@@ -130,7 +132,11 @@ impl Shared {
                 },
             ),
             workspace: crate::executor::artifacts::ENABLED
-                .then_some(crate::wire::types::WorkspaceCapability { backup: true }),
+                .then_some(crate::wire::types::WorkspaceCapability {
+                    backup: true,
+                    // Issue 15: tests/harness/restore.rs.
+                    restore: true,
+                }),
             skills: crate::executor::artifacts::ENABLED
                 .then_some(crate::wire::types::SkillsCapability { install: true }),
             // What the executor's reader accepts (`LinkLimits::default`).

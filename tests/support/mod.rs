@@ -418,6 +418,7 @@ pub fn assign_params(session_id: &str, fencing: u64) -> AssignParams {
         mcp_servers: vec![],
         metadata: Default::default(),
         resources: vec![],
+        restore: None,
     }
 }
 
@@ -439,6 +440,7 @@ pub fn start_params(session_id: &str, process_id: &str, argv: &[&str]) -> Proces
         output_policy: Default::default(),
         package_install: None,
         git_credentials: false,
+        file_transfer: None,
     }
 }
 
