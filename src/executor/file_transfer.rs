@@ -155,10 +155,10 @@ pub fn check(spec: &ProcessStartParams, ft: &ProcessFileTransfer) -> Result<(), 
             .components()
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
     {
-        return Err(bad(&format!(
-            "localPath `{p}` must be relative, without `..`"
-        ))
-        .with_reason(crate::tools::reason::WORKSPACE_BOUNDARY));
+        return Err(
+            bad(&format!("localPath `{p}` must be relative, without `..`"))
+                .with_reason(crate::tools::reason::WORKSPACE_BOUNDARY),
+        );
     }
     if !path.components().any(|c| matches!(c, Component::Normal(_))) {
         return Err(bad("localPath names no file"));
@@ -181,7 +181,9 @@ pub fn check(spec: &ProcessStartParams, ft: &ProcessFileTransfer) -> Result<(), 
         }
         "upload" => {
             if ft.upload.is_none() {
-                return Err(bad("an upload needs upload {url, ticket} (the harness fills it in)"));
+                return Err(bad(
+                    "an upload needs upload {url, ticket} (the harness fills it in)",
+                ));
             }
         }
         other => {
@@ -204,7 +206,12 @@ fn current_digest(b: &Beneath, resolved: &Path, path: &str) -> Result<Option<Str
     };
     match beneath::kind_of(&f).map_err(|e| io_failure(path, &e))? {
         Kind::File => {}
-        _ => return Err(fail(code::NOT_A_FILE, format!("`{path}` is not a regular file"))),
+        _ => {
+            return Err(fail(
+                code::NOT_A_FILE,
+                format!("`{path}` is not a regular file"),
+            ))
+        }
     }
     let size = f.metadata().map_err(|e| io_failure(path, &e))?.len();
     artifacts::digest(&f, size)
@@ -213,7 +220,11 @@ fn current_digest(b: &Beneath, resolved: &Path, path: &str) -> Result<Option<Str
 }
 
 /// The conflict check: `expected` against what is at the path now.
-fn check_expected(expected: Option<&str>, current: Option<&str>, path: &str) -> Result<(), Failure> {
+fn check_expected(
+    expected: Option<&str>,
+    current: Option<&str>,
+    path: &str,
+) -> Result<(), Failure> {
     let Some(expected) = expected else {
         return Ok(());
     };
@@ -228,7 +239,14 @@ fn check_expected(expected: Option<&str>, current: Option<&str>, path: &str) -> 
         code: code::CONFLICT,
         message: match current {
             None => format!("`{path}` does not exist; expected {expected}"),
-            Some(c) => format!("`{path}` is {c}, not {}", if expected.is_empty() { "absent" } else { expected }),
+            Some(c) => format!(
+                "`{path}` is {c}, not {}",
+                if expected.is_empty() {
+                    "absent"
+                } else {
+                    expected
+                }
+            ),
         },
         current_digest: current.map(str::to_owned),
     })
@@ -250,7 +268,11 @@ fn expired(at: &str) -> bool {
 
 /// Run the transfer `ft` of session `session_id` in `workspace`; every
 /// failure is a result with `error`, never a panic or a lost answer.
-pub async fn run(workspace: PathBuf, session_id: String, ft: ProcessFileTransfer) -> FileTransferResult {
+pub async fn run(
+    workspace: PathBuf,
+    session_id: String,
+    ft: ProcessFileTransfer,
+) -> FileTransferResult {
     let span = tracing::info_span!("file_transfer", session = %session_id, direction = %ft.direction, path = %ft.local_path);
     let path = ft.local_path.clone();
     let r = match ft.direction.as_str() {
@@ -281,7 +303,10 @@ fn resolve(workspace: &Path, path: &str) -> Result<PathBuf, Failure> {
     })
 }
 
-async fn download(workspace: &Path, ft: &ProcessFileTransfer) -> Result<FileTransferResult, Failure> {
+async fn download(
+    workspace: &Path,
+    ft: &ProcessFileTransfer,
+) -> Result<FileTransferResult, Failure> {
     let path = ft.local_path.clone();
     if ft.download_expires_at.as_deref().is_some_and(expired) {
         return Err(fail(code::TOKEN_EXPIRED, "the download token has expired"));
@@ -432,7 +457,10 @@ async fn upload(
         let b = Beneath::new(&ws).map_err(|e| io_failure(&p, &e))?;
         let f = b.open_read(&resolved).map_err(|e| io_failure(&p, &e))?;
         if beneath::kind_of(&f).map_err(|e| io_failure(&p, &e))? != Kind::File {
-            return Err(fail(code::NOT_A_FILE, format!("`{p}` is not a regular file")));
+            return Err(fail(
+                code::NOT_A_FILE,
+                format!("`{p}` is not a regular file"),
+            ));
         }
         let size = f.metadata().map_err(|e| io_failure(&p, &e))?.len();
         if size > max {
@@ -468,7 +496,17 @@ async fn upload(
             Some(ErrorCode::PayloadTooLarge) => code::TOO_LARGE,
             _ => code::UPLOAD_FAILED,
         };
-        fail(code, format!("{}{}", e.message, e.data.and_then(|d| d.detail).map(|d| format!(": {d}")).unwrap_or_default()))
+        fail(
+            code,
+            format!(
+                "{}{}",
+                e.message,
+                e.data
+                    .and_then(|d| d.detail)
+                    .map(|d| format!(": {d}"))
+                    .unwrap_or_default()
+            ),
+        )
     })?;
     Ok(FileTransferResult {
         path,
@@ -533,13 +571,32 @@ mod tests {
     }
 
     #[test]
+    fn io_errors_map_to_codes() {
+        let e = |n| io_failure("p", &std::io::Error::from_raw_os_error(n)).code;
+        assert_eq!(e(libc::ENOSPC), code::DISK_FULL);
+        assert_eq!(e(libc::EDQUOT), code::DISK_FULL);
+        assert_eq!(e(libc::ELOOP), code::WORKSPACE_BOUNDARY);
+        assert_eq!(e(libc::ENOENT), code::NOT_FOUND);
+        assert_eq!(e(libc::EISDIR), code::NOT_A_FILE);
+        assert_eq!(e(libc::EIO), code::IO_ERROR);
+    }
+
+    #[test]
     fn the_conflict_check() {
         let d = format!("sha256:{}", "b".repeat(64));
         assert!(check_expected(None, Some(&d), "f").is_ok());
         assert!(check_expected(Some(""), None, "f").is_ok());
-        assert!(check_expected(Some(&d), Some(&d.to_uppercase().replace("SHA256", "sha256")), "f").is_ok());
+        assert!(check_expected(
+            Some(&d),
+            Some(&d.to_uppercase().replace("SHA256", "sha256")),
+            "f"
+        )
+        .is_ok());
         let e = check_expected(Some(""), Some(&d), "f").unwrap_err();
-        assert_eq!((e.code, e.current_digest.as_deref()), (code::CONFLICT, Some(d.as_str())));
+        assert_eq!(
+            (e.code, e.current_digest.as_deref()),
+            (code::CONFLICT, Some(d.as_str()))
+        );
         let e = check_expected(Some(&d), None, "f").unwrap_err();
         assert_eq!((e.code, e.current_digest), (code::CONFLICT, None));
         let other = format!("sha256:{}", "c".repeat(64));

@@ -134,7 +134,9 @@ async fn download(src: &RestoreSource) -> Result<std::fs::File, RestoreError> {
             .await
             .map_err(io)?;
     }
-    tokio::io::AsyncWriteExt::flush(&mut out).await.map_err(io)?;
+    tokio::io::AsyncWriteExt::flush(&mut out)
+        .await
+        .map_err(io)?;
     let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
     let got = format!("sha256:{hex}");
     if !got.eq_ignore_ascii_case(&src.digest) {
@@ -226,7 +228,10 @@ fn check(file: &mut std::fs::File) -> Result<usize, RestoreError> {
         }
         count += 1;
         if count > MAX_ENTRIES {
-            return Err(fail("too_large", format!("more than {MAX_ENTRIES} entries")));
+            return Err(fail(
+                "too_large",
+                format!("more than {MAX_ENTRIES} entries"),
+            ));
         }
         // Nothing below a link of the archive: it would be written
         // through the link.
@@ -370,7 +375,11 @@ mod tests {
 
     fn file_of(mut t: Vec<u8>, zstd: bool) -> std::fs::File {
         t.extend_from_slice(&[0u8; 1024]);
-        let bytes = if zstd { zstd::encode_all(&t[..], 3).unwrap() } else { t };
+        let bytes = if zstd {
+            zstd::encode_all(&t[..], 3).unwrap()
+        } else {
+            t
+        };
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&bytes).unwrap();
         f
@@ -381,14 +390,32 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut t = Vec::new();
         entry(&mut t, "src/", tar::EntryType::Directory, b"", "");
-        entry(&mut t, "src/main.rs", tar::EntryType::Regular, b"fn main() {}", "");
+        entry(
+            &mut t,
+            "src/main.rs",
+            tar::EntryType::Regular,
+            b"fn main() {}",
+            "",
+        );
         entry(&mut t, "src/deep/", tar::EntryType::Directory, b"", "");
-        entry(&mut t, "src/deep/up", tar::EntryType::Symlink, b"", "../main.rs");
+        entry(
+            &mut t,
+            "src/deep/up",
+            tar::EntryType::Symlink,
+            b"",
+            "../main.rs",
+        );
         entry(&mut t, "top", tar::EntryType::Symlink, b"", "src/main.rs");
         let n = unpack_file(d.path(), file_of(t, true)).unwrap();
         assert_eq!(n, 5);
-        assert_eq!(std::fs::read(d.path().join("src/deep/up")).unwrap(), b"fn main() {}");
-        assert_eq!(std::fs::read(d.path().join("top")).unwrap(), b"fn main() {}");
+        assert_eq!(
+            std::fs::read(d.path().join("src/deep/up")).unwrap(),
+            b"fn main() {}"
+        );
+        assert_eq!(
+            std::fs::read(d.path().join("top")).unwrap(),
+            b"fn main() {}"
+        );
         use std::os::unix::fs::PermissionsExt;
         let m = std::fs::metadata(d.path().join("src/main.rs")).unwrap();
         assert_eq!(m.permissions().mode() & 0o7777, 0o755, "no setuid");
@@ -406,13 +433,40 @@ mod tests {
     #[test]
     fn malicious_archives_write_nothing() {
         let cases: Vec<(&str, Vec<(&str, tar::EntryType, &str)>)> = vec![
-            ("path_traversal", vec![("ok", tar::EntryType::Regular, ""), ("../../evil", tar::EntryType::Regular, "")]),
-            ("absolute_path", vec![("/tmp/bmx-restore-evil", tar::EntryType::Regular, "")]),
-            ("symlink_escape", vec![("out", tar::EntryType::Symlink, "/etc")]),
-            ("symlink_escape", vec![("a/up", tar::EntryType::Symlink, "../..")]),
-            ("symlink_escape", vec![("a/up", tar::EntryType::Symlink, "../x/../../y")]),
-            ("symlink_escape", vec![("d", tar::EntryType::Symlink, "sub"), ("d/f", tar::EntryType::Regular, "")]),
-            ("hard_link", vec![("h", tar::EntryType::Link, "/etc/passwd")]),
+            (
+                "path_traversal",
+                vec![
+                    ("ok", tar::EntryType::Regular, ""),
+                    ("../../evil", tar::EntryType::Regular, ""),
+                ],
+            ),
+            (
+                "absolute_path",
+                vec![("/tmp/bmx-restore-evil", tar::EntryType::Regular, "")],
+            ),
+            (
+                "symlink_escape",
+                vec![("out", tar::EntryType::Symlink, "/etc")],
+            ),
+            (
+                "symlink_escape",
+                vec![("a/up", tar::EntryType::Symlink, "../..")],
+            ),
+            (
+                "symlink_escape",
+                vec![("a/up", tar::EntryType::Symlink, "../x/../../y")],
+            ),
+            (
+                "symlink_escape",
+                vec![
+                    ("d", tar::EntryType::Symlink, "sub"),
+                    ("d/f", tar::EntryType::Regular, ""),
+                ],
+            ),
+            (
+                "hard_link",
+                vec![("h", tar::EntryType::Link, "/etc/passwd")],
+            ),
             ("special_file", vec![("dev", tar::EntryType::Char, "")]),
             ("special_file", vec![("fifo", tar::EntryType::Fifo, "")]),
         ];
@@ -426,7 +480,11 @@ mod tests {
             }
             let e = unpack_file(&ws, file_of(t, false)).unwrap_err();
             assert_eq!(e.code, code, "{entries:?}: {e}");
-            assert_eq!(std::fs::read_dir(&ws).unwrap().count(), 0, "{code}: nothing written");
+            assert_eq!(
+                std::fs::read_dir(&ws).unwrap().count(),
+                0,
+                "{code}: nothing written"
+            );
             assert!(!d.path().join("evil").exists());
         }
         assert!(!Path::new("/tmp/bmx-restore-evil").exists());

@@ -131,12 +131,13 @@ impl Shared {
                     max_bytes: Some(crate::executor::artifacts::MAX_BYTES),
                 },
             ),
-            workspace: crate::executor::artifacts::ENABLED
-                .then_some(crate::wire::types::WorkspaceCapability {
+            workspace: crate::executor::artifacts::ENABLED.then_some(
+                crate::wire::types::WorkspaceCapability {
                     backup: true,
                     // Issue 15: tests/harness/restore.rs.
                     restore: true,
-                }),
+                },
+            ),
             skills: crate::executor::artifacts::ENABLED
                 .then_some(crate::wire::types::SkillsCapability { install: true }),
             // What the executor's reader accepts (`LinkLimits::default`).

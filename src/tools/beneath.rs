@@ -541,7 +541,11 @@ mod tests {
         st.file().write_all(b"part").unwrap();
         drop(st);
         assert!(!ws.join("up/a.txt").exists());
-        assert_eq!(fs::read_dir(ws.join("up")).unwrap().count(), 0, "no leftovers");
+        assert_eq!(
+            fs::read_dir(ws.join("up")).unwrap().count(),
+            0,
+            "no leftovers"
+        );
         let mut st = b.stage(&ws.join("up/a.txt")).unwrap();
         st.file().write_all(b"whole").unwrap();
         st.commit().unwrap();

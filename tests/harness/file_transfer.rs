@@ -114,10 +114,7 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
     .await;
     assert!(down.get("error").is_none(), "{down}");
     assert_eq!(down["digest"], digest(b"hello").as_str());
-    assert_eq!(
-        sh(&w, &sid, "cat in/deep/b.txt").await.trim(),
-        "hello"
-    );
+    assert_eq!(sh(&w, &sid, "cat in/deep/b.txt").await.trim(), "hello");
 
     // Both are processes of the session, ended with a state.
     let (s, list) = w
@@ -159,7 +156,11 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
     )
     .await;
     assert_eq!(c["error"]["code"], "conflict", "{c}");
-    assert_eq!(c["error"]["currentDigest"], digest(b"changed").as_str(), "{c}");
+    assert_eq!(
+        c["error"]["currentDigest"],
+        digest(b"changed").as_str(),
+        "{c}"
+    );
     assert_eq!(
         sh(&w, &sid, "cat in/deep/b.txt").await.trim(),
         "changed",
@@ -185,10 +186,7 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
     )
     .await;
     assert!(ok.get("error").is_none(), "{ok}");
-    assert_eq!(
-        sh(&w, &sid, "cat in/deep/b.txt").await.trim(),
-        "hello"
-    );
+    assert_eq!(sh(&w, &sid, "cat in/deep/b.txt").await.trim(), "hello");
     // An upload checks too.
     let c = transfer(
         &w,
@@ -289,9 +287,21 @@ async fn escapes_and_oversize_transfers_leave_nothing_behind() {
     .await;
     assert_eq!(r["error"]["code"], "too_large", "{r}");
     // Not a file; missing.
-    let r = transfer(&w, &sid, "nf1", json!({"direction": "upload", "localPath": "cap"})).await;
+    let r = transfer(
+        &w,
+        &sid,
+        "nf1",
+        json!({"direction": "upload", "localPath": "cap"}),
+    )
+    .await;
     assert_eq!(r["error"]["code"], "not_a_file", "{r}");
-    let r = transfer(&w, &sid, "nf2", json!({"direction": "upload", "localPath": "nope"})).await;
+    let r = transfer(
+        &w,
+        &sid,
+        "nf2",
+        json!({"direction": "upload", "localPath": "nope"}),
+    )
+    .await;
     assert_eq!(r["error"]["code"], "not_found", "{r}");
     // A bad shape is refused before anything runs.
     let (s, v) = start(

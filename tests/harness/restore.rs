@@ -135,15 +135,15 @@ async fn a_backup_becomes_the_workspace_of_a_new_session() {
         (session(&w, &s3).await["ready"] == true).then_some(())
     })
     .await;
-    assert_eq!(
-        sh(&w, &s3, "cat src/main.rs").await,
-        "fn main() {}"
-    );
+    assert_eq!(sh(&w, &s3, "cat src/main.rs").await, "fn main() {}");
 
     // Unknown backups and bad requests: no session made.
     let (s, v) = w
         .api
-        .post("/v1/sessions", &json!({"restoreFrom": {"backupId": "nope"}}))
+        .post(
+            "/v1/sessions",
+            &json!({"restoreFrom": {"backupId": "nope"}}),
+        )
         .await
         .unwrap();
     assert_eq!(s, 404, "{v}");
@@ -170,13 +170,31 @@ async fn a_malicious_archive_fails_the_restore_and_writes_nothing() {
         ("path_traversal", {
             let mut t = Vec::new();
             entry(&mut t, "ok.txt", tar::EntryType::Regular, b"fine", "");
-            entry(&mut t, &format!("../../{marker}"), tar::EntryType::Regular, b"x", "");
+            entry(
+                &mut t,
+                &format!("../../{marker}"),
+                tar::EntryType::Regular,
+                b"x",
+                "",
+            );
             t
         }),
         ("symlink_escape", {
             let mut t = Vec::new();
-            entry(&mut t, "out", tar::EntryType::Symlink, b"", work.to_str().unwrap());
-            entry(&mut t, &format!("out/{marker}"), tar::EntryType::Regular, b"x", "");
+            entry(
+                &mut t,
+                "out",
+                tar::EntryType::Symlink,
+                b"",
+                work.to_str().unwrap(),
+            );
+            entry(
+                &mut t,
+                &format!("out/{marker}"),
+                tar::EntryType::Regular,
+                b"x",
+                "",
+            );
             t
         }),
         ("hard_link", {

@@ -72,7 +72,11 @@ async fn declare_only(w: &World, path: &str, length: u64) -> String {
         .await
         .expect("an answer without the body")
         .unwrap();
-    String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_owned()
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 async fn get(w: &World, sid: &str, path: &str) -> reqwest::Response {
@@ -96,10 +100,7 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
     assert_eq!(v["path"], "uploads/docs/a.txt");
     assert_eq!(v["digest"], digest(b"hello").as_str());
     assert_eq!(v["sizeBytes"], 5);
-    assert_eq!(
-        sh(&w, &sid, "cat uploads/docs/a.txt").await.trim(),
-        "hello"
-    );
+    assert_eq!(sh(&w, &sid, "cat uploads/docs/a.txt").await.trim(), "hello");
 
     // Preconditions: the conflict check of the transfer underneath.
     let (s, v) = put(
@@ -111,7 +112,14 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
     )
     .await;
     assert_eq!(s, 409, "{v}");
-    let (s, v) = put(&w, &sid, "docs/a.txt", b"second".to_vec(), &[("if-none-match", "*")]).await;
+    let (s, v) = put(
+        &w,
+        &sid,
+        "docs/a.txt",
+        b"second".to_vec(),
+        &[("if-none-match", "*")],
+    )
+    .await;
     assert_eq!(s, 409, "{v}");
     assert_eq!(
         sh(&w, &sid, "cat uploads/docs/a.txt").await.trim(),
@@ -208,11 +216,13 @@ async fn bad_paths_and_oversize_bodies_are_refused() {
     .await;
     assert!(status.starts_with("HTTP/1.1 413"), "{status}");
     // A body without a declared length is read to the limit only.
-    let stream = futures_util::stream::iter(
-        (0..65).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1 << 20])),
-    );
+    let stream =
+        futures_util::stream::iter((0..65).map(|_| Ok::<_, std::io::Error>(vec![b'x'; 1 << 20])));
     let resp = reqwest::Client::new()
-        .put(format!("{}/v1/sessions/{sid}/files/uploads/big.bin", w.h.api_url()))
+        .put(format!(
+            "{}/v1/sessions/{sid}/files/uploads/big.bin",
+            w.h.api_url()
+        ))
         .body(reqwest::Body::wrap_stream(stream))
         .send()
         .await;

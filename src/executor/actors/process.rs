@@ -24,9 +24,9 @@ use crate::process::lifecycle::{
 use crate::process::ring::OutputRing;
 use crate::process::{exits, sys};
 use crate::wire::types::{
-    now_rfc3339, Accepted, Cursors, IoMode, OutputPolicy, ProcState, ProcessReadParams,
-    ProcessReadResult, ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams,
-    StderrMode, StdinMode, Stream, FileTransferResult,
+    now_rfc3339, Accepted, Cursors, FileTransferResult, IoMode, OutputPolicy, ProcState,
+    ProcessReadParams, ProcessReadResult, ProcessStartParams, ProcessState, ProcessStatusParams,
+    ProcessWriteParams, StderrMode, StdinMode, Stream,
 };
 use crate::wire::{BlobRef, Codec, Method, Responder, RpcError};
 use bytes::Bytes;
@@ -522,9 +522,7 @@ impl ProcessData {
     fn apply(&mut self, myself: &ActorRef<ProcessMsg>, effects: Vec<Effect<Waiter>>) {
         for effect in effects {
             match effect {
-                Effect::Signal(sig) if self.transfer.is_some() => {
-                    self.cancel_transfer(myself, sig)
-                }
+                Effect::Signal(sig) if self.transfer.is_some() => self.cancel_transfer(myself, sig),
                 Effect::KillTree if self.transfer.is_some() => {
                     self.cancel_transfer(myself, Signal::SIGKILL)
                 }
@@ -684,7 +682,11 @@ impl Actor for ProcessActor {
             // the end state) exactly as for a child (docs/protocol.md).
             state.stdout.close();
             state.stderr.close();
-            let (me, ws, sid) = (myself.clone(), args.workspace.clone(), state.session_id.clone());
+            let (me, ws, sid) = (
+                myself.clone(),
+                args.workspace.clone(),
+                state.session_id.clone(),
+            );
             let task = tokio::spawn(async move {
                 let r = crate::executor::file_transfer::run(ws, sid, ft).await;
                 let _ = me.send_message(ProcessMsg::Transferred(r));
@@ -869,7 +871,7 @@ impl Actor for ProcessActor {
             ProcessMsg::Transferred(r) => {
                 // Canceled meanwhile: the cancel's end stands.
                 if state.transfer.take().is_some() {
-                    let code = if r.error.is_some() { 1 } else { 0 };
+                    let code = i32::from(r.error.is_some());
                     state.transferred = Some(r);
                     let effects = state.life.exited(ExitStatus {
                         code: Some(code),

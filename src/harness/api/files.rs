@@ -86,7 +86,9 @@ pub(crate) async fn restore_digest(shared: &Shared, r: &RestoreFrom) -> Result<D
         .map_err(artifacts::blob_error)?
         .is_none()
     {
-        return Err(ApiError::not_found(format!("the archive {digest} is not stored")));
+        return Err(ApiError::not_found(format!(
+            "the archive {digest} is not stored"
+        )));
     }
     Ok(digest)
 }
@@ -141,9 +143,7 @@ const TRANSFER_WAIT: Duration = Duration::from_secs(300);
 /// (the workspace is there): one leading out is `invalid_path` too.
 pub fn check_file_path(path: &str) -> Result<(), ApiError> {
     let bad = |why: &str| {
-        ApiError::rpc(
-            RpcError::invalid_params(format!("path: {why}")).with_reason("invalid_path"),
-        )
+        ApiError::rpc(RpcError::invalid_params(format!("path: {why}")).with_reason("invalid_path"))
     };
     if path.is_empty() || path.len() > 4096 {
         return Err(bad("1..4096 bytes"));
@@ -303,9 +303,9 @@ impl Session {
                 })
                 .await?;
             if r.state.is_final() {
-                return r.file_transfer.ok_or_else(|| {
-                    ApiError::internal("the transfer ended without a result")
-                });
+                return r
+                    .file_transfer
+                    .ok_or_else(|| ApiError::internal("the transfer ended without a result"));
             }
             if tokio::time::Instant::now() >= deadline {
                 return Err(ApiError::rpc(RpcError::timeout(
@@ -390,9 +390,15 @@ mod tests {
         for ok in ["a", "a/b.txt", "x.y/z", "...", "a b"] {
             assert!(check_file_path(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "../x", "a/../b", "/abs", "a//b", "a/", "./a", "a/.", "a\\b", "a\0b"] {
+        for bad in [
+            "", "../x", "a/../b", "/abs", "a//b", "a/", "./a", "a/.", "a\\b", "a\0b",
+        ] {
             let e = check_file_path(bad).unwrap_err();
-            assert_eq!((e.status, e.reason()), (400, Some("invalid_path")), "{bad:?}");
+            assert_eq!(
+                (e.status, e.reason()),
+                (400, Some("invalid_path")),
+                "{bad:?}"
+            );
         }
         assert!(check_file_path(&"a/".repeat(70)).is_err());
     }

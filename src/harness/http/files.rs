@@ -31,7 +31,7 @@ fn precondition(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
         return Ok(Some(d.to_string()));
     }
     if let Some(v) = headers.get(header::IF_NONE_MATCH) {
-        if v.to_str().map(str::trim) != Ok("*") {
+        if v.to_str().map(str::trim).ok() != Some("*") {
             return Err(ApiError::bad_request("If-None-Match: only * is understood"));
         }
         return Ok(Some(String::new()));
