@@ -16,6 +16,10 @@ command -v git >/dev/null 2>&1 || need+=(git)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3 python3-pip)
 # schemathesis goes into a venv (below).
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# Issue 20: computer use on a virtual display (tests/executor/computer.rs)
+# drives a real Xvfb and a real xterm.
+command -v Xvfb >/dev/null 2>&1 || need+=(xvfb)
+command -v xterm >/dev/null 2>&1 || need+=(xterm)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -2,6 +2,7 @@
 //! same run and reports the ratio.
 
 pub mod buffering;
+pub mod computer;
 pub mod local;
 pub mod mcp;
 pub mod peer;

@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, mcp, scale, turns, visor};
+use crate::bench::{buffering, computer, mcp, scale, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -44,6 +44,19 @@ pub enum BenchCommand {
         sessions: usize,
         #[arg(long, default_value_t = 10)]
         processes: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Computer use: `computer_observe` and `computer_action` on a real
+    /// Xvfb screen against the bare X call each is built on.
+    Computer {
+        #[arg(long, default_value_t = 1920)]
+        width: u16,
+        #[arg(long, default_value_t = 1080)]
+        height: u16,
+        /// Calls per row.
+        #[arg(long, default_value_t = 200)]
+        calls: usize,
         #[arg(long)]
         json: bool,
     },
@@ -167,6 +180,19 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             report("buffering", json, buffering::run(&opts).await, |r| {
                 r.table()
             })
+        }
+        BenchCommand::Computer {
+            width,
+            height,
+            calls,
+            json,
+        } => {
+            let opts = computer::ComputerOptions {
+                width,
+                height,
+                calls: calls.max(1),
+            };
+            report("computer", json, computer::run(&opts).await, |r| r.table())
         }
         BenchCommand::Mcp {
             command,

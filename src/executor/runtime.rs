@@ -125,6 +125,13 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
+            // Issue 20: computer use on an Xvfb display; RFB is not built.
+            display: crate::executor::actors::display::xvfb_available().then_some(
+                crate::wire::types::DisplayCapability {
+                    desktop: true,
+                    rfb: false,
+                },
+            ),
             artifacts: crate::executor::artifacts::ENABLED.then_some(
                 crate::wire::types::ArtifactsCapability {
                     upload: true,

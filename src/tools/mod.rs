@@ -13,6 +13,7 @@
 pub mod bash;
 pub mod beneath;
 pub mod boundary;
+pub mod computer;
 pub mod edit;
 pub mod glob;
 pub mod grep;

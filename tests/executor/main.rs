@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod computer;
 mod confirm;
 mod connection;
 mod crash;

@@ -346,6 +346,8 @@ pub struct Rig {
     pub conn: Served,
     pub events: mpsc::UnboundedReceiver<(String, serde_json::Value)>,
     pub work: tempfile::TempDir,
+    /// What the executor said in `executor.register`.
+    pub registered: RegisterParams,
 }
 
 impl Rig {
@@ -360,7 +362,7 @@ impl Rig {
         tweak(&mut config);
         let executor = Executor::start(config).await.unwrap();
         let mut conn = stand_in.next_conn().await;
-        conn.register(10_000, 30_000).await;
+        let registered = conn.register(10_000, 30_000).await;
         let (conn, events) = conn.serve();
         Rig {
             stand_in,
@@ -368,6 +370,7 @@ impl Rig {
             conn,
             events,
             work,
+            registered,
         }
     }
 

@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod confirm;
 pub mod connection;
+pub mod display;
 pub mod mcp;
 pub mod process;
 pub mod root;

@@ -16,6 +16,7 @@
 //! why it ends, and stops.
 
 use super::agent::{Agent, AgentArgs, AgentMsg};
+use super::display::{Display, DisplayArgs, DisplayHandle};
 use super::mcp::{McpArgs, McpChange, McpServer};
 use super::process::{ProcessActor, ProcessArgs, ProcessMsg};
 use super::sessions::SessionsMsg;
@@ -211,6 +212,8 @@ pub struct SessionState {
     /// `session.event`s until acknowledged, by sequence.
     events: Delivery<u64, SessionEventParams>,
     next_sequence: u64,
+    /// The session's virtual display, from its first `computer_*` call.
+    display: Option<DisplayHandle>,
     /// `session.assign.restore`: until it is done, the session is not
     /// ready (and never, when it failed).
     restore: Restore,
@@ -1069,21 +1072,28 @@ impl Session {
         ) {
             return reply.err(RpcError::invalid_params(e.to_string()));
         }
-        if p.tool.starts_with("computer_") {
+        let computer = matches!(p.tool.as_str(), "computer_observe" | "computer_action");
+        if p.tool.starts_with("computer_") && (!computer || !super::display::xvfb_available()) {
             return reply.err(RpcError::capability_unavailable("computer"));
         }
-        if state.shared.tools.get(&p.tool).is_none() {
+        if !computer && state.shared.tools.get(&p.tool).is_none() {
             return reply.err(RpcError::invalid_params(format!(
                 "unknown tool {:?}",
                 p.tool
             )));
         }
         let id = p.tool_call_id.clone();
+        let display = if computer {
+            self.ensure_display(myself, state).await
+        } else {
+            state.display.clone()
+        };
         let args = ToolArgs {
             shared: state.shared.clone(),
             session: myself.clone(),
             workspace: state.workspace.clone(),
             params: p,
+            display,
         };
         let child = SessionChild::Tool(id.clone()).id();
         match state
@@ -1099,6 +1109,47 @@ impl Session {
                 reply.ok(&Accepted::YES);
             }
             Err(e) => reply.err(RpcError::internal(format!("tool actor: {e}"))),
+        }
+    }
+
+    /// The session's display, started on first use (`None`: it cannot
+    /// start; the call then fails with `display_error`).
+    async fn ensure_display(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        state: &mut SessionState,
+    ) -> Option<DisplayHandle> {
+        if let Some(h) = &state.display {
+            if h.actor.get_status() == ractor::ActorStatus::Running {
+                return Some(h.clone());
+            }
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let args = DisplayArgs {
+            scope: format!("{}display:/", state.scope),
+            env: state.shared.config.child_env(),
+        };
+        let started = state
+            .children
+            .start(
+                ChildSpec::temporary("display".to_owned(), Display, (args, tx)),
+                myself.get_cell(),
+            )
+            .await;
+        match started {
+            Ok(cell) => {
+                let name = rx.await.ok()?;
+                let h = DisplayHandle {
+                    actor: cell.into(),
+                    name,
+                };
+                state.display = Some(h.clone());
+                Some(h)
+            }
+            Err(e) => {
+                tracing::error!(session = %state.id, error = %e, "cannot start the display");
+                None
+            }
         }
     }
 
@@ -1267,6 +1318,7 @@ impl Actor for Session {
                     (sid_e.clone(), crate::executor::journal::sequence_key(*s))
                 }),
             next_sequence: 1,
+            display: None,
             restore: match p.restore {
                 Some(src) => Restore::Due(src),
                 None => Restore::Done,

@@ -10,6 +10,7 @@
 //! wait included: the tool gets what is left of it.
 
 use super::confirm::ConfirmMsg;
+use super::display::{DisplayHandle, DisplayMsg};
 use super::session::{safe_name, session_scope, SessionMsg};
 use crate::executor::confirm::{self, Decision, Key, Mode};
 use crate::executor::Shared;
@@ -25,8 +26,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 pub enum ToolMsg {
-    /// The tool finished.
-    Done(ToolOutput),
+    /// The tool finished: its result and the content blocks after its
+    /// text (a `computer_observe` image).
+    Done(ToolOutput, Vec<ContentBlock>),
     Cancel(String),
     /// Test hook: panic in the handler (a crash the tests inject).
     #[doc(hidden)]
@@ -39,6 +41,9 @@ pub struct ToolArgs {
     pub session: ActorRef<SessionMsg>,
     pub workspace: PathBuf,
     pub params: ToolCallParams,
+    /// The session's display, for `computer_*` calls (`None`: it could
+    /// not start, and such a call fails with `display_error`).
+    pub display: Option<DisplayHandle>,
 }
 
 pub struct ToolActor;
@@ -121,6 +126,58 @@ impl Gate {
     }
 }
 
+/// Run a `computer_*` call on the session's display: its text result and
+/// the content blocks after the text (the screen image of an observe).
+async fn computer(
+    display: Option<DisplayHandle>,
+    tool: &str,
+    input: serde_json::Value,
+) -> (ToolOutput, Vec<ContentBlock>) {
+    let failed = |text: String, reason: &str| {
+        let out = ToolOutput {
+            outcome: ToolOutcome::Failed,
+            is_error: true,
+            text,
+            reason: Some(reason.to_owned()),
+        };
+        (out, Vec::new())
+    };
+    let Some(display) = display else {
+        return failed(
+            "the session's display could not start".into(),
+            "display_error",
+        );
+    };
+    let checked = crate::tools::computer::check_display(&input, &display.name).and_then(|()| {
+        if tool == "computer_observe" {
+            crate::tools::computer::parse_observe(&input)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = checked {
+        return failed(e.to_string(), "invalid_input");
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let msg = if tool == "computer_observe" {
+        DisplayMsg::Observe { reply: tx }
+    } else {
+        DisplayMsg::Act { input, reply: tx }
+    };
+    if display.actor.send_message(msg).is_err() {
+        return failed("the session's display is gone".into(), "display_error");
+    }
+    // The display answers within its own per-call deadline; this bound
+    // only guards against an actor that died with the message queued.
+    match tokio::time::timeout(Duration::from_secs(30), rx).await {
+        Ok(Ok(out)) => out,
+        _ => failed(
+            "the session's display did not answer".into(),
+            "display_error",
+        ),
+    }
+}
+
 /// The result of a call that did not run.
 fn refusal(decision: Decision, wait: Duration) -> ToolOutput {
     let (outcome, text) = match decision {
@@ -191,6 +248,7 @@ impl Actor for ToolActor {
             }
         });
         let tools = args.shared.tools.clone();
+        let display = args.display;
         let (tool, input, deadline) = (p.tool.clone(), p.input.clone(), p.deadline_ms);
         let (me, c) = (myself.clone(), cancel.clone());
         // Validated by the session before this actor starts; a mode that
@@ -215,7 +273,8 @@ impl Actor for ToolActor {
             if let Some(gate) = gate {
                 let decision = gate.ask(&c).await;
                 if decision != Decision::Allowed {
-                    let _ = me.send_message(ToolMsg::Done(refusal(decision, gate.wait)));
+                    let _ =
+                        me.send_message(ToolMsg::Done(refusal(decision, gate.wait), Vec::new()));
                     return;
                 }
             }
@@ -225,7 +284,10 @@ impl Actor for ToolActor {
             // A tool that panics is a failed call, never a call that hangs.
             let run = async move {
                 use futures_util::FutureExt;
-                std::panic::AssertUnwindSafe(tools.run(&tool, ctx, input))
+                if tool.starts_with("computer_") {
+                    return computer(display, &tool, input).await;
+                }
+                let out = std::panic::AssertUnwindSafe(tools.run(&tool, ctx, input))
                     .catch_unwind()
                     .await
                     .unwrap_or_else(|_| ToolOutput {
@@ -233,24 +295,26 @@ impl Actor for ToolActor {
                         is_error: true,
                         text: "the tool panicked inside the executor".into(),
                         reason: Some("internal_error".into()),
-                    })
+                    });
+                (out, Vec::new())
             };
             let out = match deadline {
                 Some(ms) => match tokio::time::timeout(Duration::from_millis(ms), run).await {
                     Ok(out) => out,
                     Err(_) => {
                         c.cancel();
-                        ToolOutput {
+                        let out = ToolOutput {
                             outcome: ToolOutcome::Failed,
                             is_error: true,
                             text: format!("deadline of {ms} ms passed"),
                             reason: Some("timeout".into()),
-                        }
+                        };
+                        (out, Vec::new())
                     }
                 },
                 None => run.await,
             };
-            let _ = me.send_message(ToolMsg::Done(out));
+            let _ = me.send_message(ToolMsg::Done(out.0, out.1));
         });
         Ok(ToolState {
             session: args.session,
@@ -278,7 +342,7 @@ impl Actor for ToolActor {
         state: &mut ToolState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            ToolMsg::Done(out) => {
+            ToolMsg::Done(out, extra) => {
                 let outcome = if state.cancel.is_cancelled()
                     && out.outcome != ToolOutcome::Succeeded
                     && out.reason.as_deref() != Some("timeout")
@@ -292,7 +356,9 @@ impl Actor for ToolActor {
                     tool_call_id: state.params.tool_call_id.clone(),
                     outcome,
                     is_error: out.is_error,
-                    content: vec![ContentBlock::text(out.text)],
+                    content: std::iter::once(ContentBlock::text(out.text))
+                        .chain(extra)
+                        .collect(),
                     artifacts: Vec::new(),
                     duration_ms: state.started.elapsed().as_millis() as u64,
                     reason: out.reason,

@@ -420,9 +420,12 @@ fn mcp_error(desc: &str) -> Value {
 
 /// A 400 of the MCP endpoint: a JSON-RPC error from the proxy, or the
 /// API's own error when an id in the path breaks the id rule (checked
-/// before the proxy sees the request).
+/// before the proxy sees the request). `anyOf`, not `oneOf`: a JSON-RPC
+/// error message (`{jsonrpc, id, error}`) also has the API error's shape
+/// (`{error: {code, message}}`), so it matches both, and `oneOf` would call
+/// every such answer invalid (schemathesis ST108).
 fn mcp_bad_request(desc: &str) -> Value {
-    json!({"description": desc, "content": {"application/json": {"schema": {"oneOf": [
+    json!({"description": desc, "content": {"application/json": {"schema": {"anyOf": [
         {"$ref": "#/components/schemas/JsonRpcMessage"}, {"$ref": "#/components/schemas/Error"}]}}}})
 }
 

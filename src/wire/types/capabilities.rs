@@ -27,6 +27,9 @@ wire_struct! {
         pub fs: Option<FsCapability>,
         #[serde(skip_serializing_if = "Option::is_none")]
         pub shell: Option<ShellCapability>,
+        /// `display`: advertised only when `Xvfb` is found at start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub display: Option<DisplayCapability>,
         /// `tools` (a bmx extension, docs/protocol.md): the tool-call
         /// permission modes honored.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,6 +177,18 @@ wire_struct! {
     #[derive(Default)]
     pub struct ShellCapability {
         pub enabled: bool,
+    }
+}
+
+wire_struct! {
+    /// `capabilities.display` (the seed's `DisplayCapability`): a virtual
+    /// desktop for `computer_observe` / `computer_action`, and whether it
+    /// can be watched over RFB (VNC).
+    #[derive(Default)]
+    pub struct DisplayCapability {
+        pub desktop: bool,
+        #[serde(default)]
+        pub rfb: bool,
     }
 }
 
