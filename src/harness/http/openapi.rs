@@ -666,7 +666,8 @@ fn base() -> Value {
         "/v1/sessions/{id}/processes": {
           "parameters": [sid()],
           "get": {"summary": Method::ProcessList.as_str(), "responses": session_errors(json!({"200": ok("processes", "Processes")}))},
-          "post": {"summary": "process.start (params without sessionId)", "requestBody": body("ProcessStart", true), "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
+          "post": {"summary": "process.start (params without sessionId)", "requestBody": body("ProcessStart", true), "responses": session_errors(json!({"200": ok("process state", "ProcessState"),
+            "501": err("fileTransfer without a blob store, or an executor that does not run file transfers (-32012)")}))}},
         "/v1/sessions/{id}/processes/{pid}/output": {
           "parameters": [sid(), pid(),
             {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["stdout", "stderr"], "default": "stdout"}},
