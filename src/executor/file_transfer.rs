@@ -525,7 +525,7 @@ mod tests {
         let mut p: ProcessStartParams =
             serde_json::from_value(serde_json::json!({"sessionId": "s", "processId": "p"}))
                 .unwrap();
-        p.file_transfer = Some(ft);
+        p.file_transfer = Some(Box::new(ft));
         p
     }
 

@@ -432,7 +432,8 @@ mod tests {
 
     #[test]
     fn malicious_archives_write_nothing() {
-        let cases: Vec<(&str, Vec<(&str, tar::EntryType, &str)>)> = vec![
+        type Entries<'a> = Vec<(&'a str, tar::EntryType, &'a str)>;
+        let cases: Vec<(&str, Entries)> = vec![
             (
                 "path_traversal",
                 vec![

@@ -118,7 +118,6 @@ impl Shared {
                 git_credentials: self.config.git_credentials.is_some(),
                 // Issue 15: tests/harness/file_transfer.rs.
                 file_transfer: crate::executor::file_transfer::ENABLED,
-                ..Default::default()
             }),
             files: Some(FilesCapability {
                 enabled: true,

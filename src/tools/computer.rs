@@ -397,13 +397,10 @@ mod tests {
                 json!({"action": "type", "text": text}),
                 json!({"action": "drag", "x": x, "y": y, "toX": y, "toY": x}),
             ] {
-                if let Ok(a) = parse_action(&input, w, h) {
-                    match a {
-                        Action::Click { x, y, .. } | Action::Drag { x, y, .. } => {
-                            prop_assert!(x < w && y < h);
-                        }
-                        _ => {}
-                    }
+                if let Ok(Action::Click { x, y, .. } | Action::Drag { x, y, .. }) =
+                    parse_action(&input, w, h)
+                {
+                    prop_assert!(x < w && y < h);
                 }
             }
             let (iw, ih) = image_size(w, h);

@@ -688,7 +688,7 @@ impl Actor for ProcessActor {
                 state.session_id.clone(),
             );
             let task = tokio::spawn(async move {
-                let r = crate::executor::file_transfer::run(ws, sid, ft).await;
+                let r = crate::executor::file_transfer::run(ws, sid, *ft).await;
                 let _ = me.send_message(ProcessMsg::Transferred(r));
             });
             state.transfer = Some(task.abort_handle());

@@ -290,7 +290,10 @@ fn same_spec(a: &ProcessStartParams, b: &ProcessStartParams) -> bool {
     // A file transfer's one-time data path (token, ticket) is minted anew
     // by every request of the harness: the transfer is the rest.
     let strip = |p: &mut ProcessStartParams| {
-        p.file_transfer = p.file_transfer.as_ref().map(|f| f.without_credentials());
+        p.file_transfer = p
+            .file_transfer
+            .as_ref()
+            .map(|f| Box::new(f.without_credentials()));
     };
     let mut b = b.clone();
     strip(&mut a);

@@ -274,7 +274,7 @@ impl Session {
         let ticket = self.prepare_transfer(&mut ft).await?;
         let process_id = format!("file-{}", uuid::Uuid::new_v4().simple());
         let mut params = process_params(process_id.clone(), Vec::new());
-        params.file_transfer = Some(ft);
+        params.file_transfer = Some(Box::new(ft));
         params.wait_ms = Some(self.shared.config.max_read_wait_ms.min(30_000));
         let r = self.run_transfer(params, &process_id).await;
         if let Some(id) = ticket {

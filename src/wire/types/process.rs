@@ -79,7 +79,8 @@ wire_struct! {
         /// running a program (the seed's `ProcessFileTransfer`); `argv`
         /// must then be empty (docs/protocol.md, "File transfers").
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub file_transfer: Option<ProcessFileTransfer>,
+        /// Boxed: it is large, and most processes have none.
+        pub file_transfer: Option<Box<ProcessFileTransfer>>,
     }
 }
 
