@@ -33,6 +33,7 @@ fn read_result() -> ProcessReadResult {
         exit_signal: None,
         ended_at: None,
         reason: None,
+        file_transfer: None,
     }
 }
 

@@ -155,6 +155,7 @@ async fn rig(protocol: Subprotocol, ring_bytes: usize) -> Result<Rig, String> {
         mcp_servers: vec![],
         metadata: Default::default(),
         resources: vec![],
+        restore: None,
     };
     // The register answer may still be in flight: retry the assign briefly.
     for _ in 0..50 {
@@ -193,6 +194,7 @@ fn start(argv: Vec<String>, io_mode: IoMode, wait_ms: Option<u64>) -> ProcessSta
         output_policy: Default::default(),
         package_install: None,
         git_credentials: false,
+        file_transfer: None,
     }
 }
 
@@ -266,6 +268,7 @@ async fn e2e(
         output_policy: policy,
         package_install: None,
         git_credentials: false,
+        file_transfer: None,
         ..start(producer(bytes)?, IoMode::Pipe, None)
     };
     let started = Instant::now();

@@ -109,6 +109,7 @@ async fn measure(
                 mcp_servers: vec![],
                 metadata: Default::default(),
                 resources: vec![],
+                restore: None,
             };
             req::<_, AssignResult>(&link, Method::SessionAssign, &p)
                 .await
@@ -139,6 +140,7 @@ async fn measure(
                 output_policy: Default::default(),
                 package_install: None,
                 git_credentials: false,
+                file_transfer: None,
             };
             let st: ProcessState = req(&link, Method::ProcessStart, &p).await?;
             match st.state {

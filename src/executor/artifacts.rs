@@ -48,7 +48,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 /// One HTTP request (a chunk or the offset query) must finish within this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn mime_of(name: &str) -> &'static str {
+pub(crate) fn mime_of(name: &str) -> &'static str {
     let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
     match ext.as_deref() {
         Some("txt" | "log" | "md") => "text/plain",

@@ -17,6 +17,7 @@ pub mod artifacts;
 pub mod backup;
 pub mod config;
 pub mod confirm;
+pub mod file_transfer;
 pub mod journal;
 pub mod mcp;
 pub mod metrics;
@@ -28,6 +29,7 @@ pub mod stop;
 // Issue 15 (part A): package install, git credentials.
 pub mod git_credentials;
 pub mod packages;
+pub mod restore;
 
 pub use config::{ExecutorConfig, TokenSource};
 pub use runtime::Shared;

@@ -116,7 +116,8 @@ impl Shared {
                 // tests/executor/git.rs).
                 package_install: true,
                 git_credentials: self.config.git_credentials.is_some(),
-                ..Default::default()
+                // Issue 15: tests/harness/file_transfer.rs.
+                file_transfer: crate::executor::file_transfer::ENABLED,
             }),
             files: Some(FilesCapability {
                 enabled: true,
@@ -136,8 +137,13 @@ impl Shared {
                     max_bytes: Some(crate::executor::artifacts::MAX_BYTES),
                 },
             ),
-            workspace: crate::executor::artifacts::ENABLED
-                .then_some(crate::wire::types::WorkspaceCapability { backup: true }),
+            workspace: crate::executor::artifacts::ENABLED.then_some(
+                crate::wire::types::WorkspaceCapability {
+                    backup: true,
+                    // Issue 15: tests/harness/restore.rs.
+                    restore: true,
+                },
+            ),
             skills: crate::executor::artifacts::ENABLED
                 .then_some(crate::wire::types::SkillsCapability { install: true }),
             // What the executor's reader accepts (`LinkLimits::default`).

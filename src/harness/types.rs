@@ -47,6 +47,9 @@ pub struct SessionInfo {
     /// The last `session.status` of the executor.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<SessionStatus>,
+    /// The `detail` of that `session.status` (e.g. why a restore failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_detail: Option<String>,
     pub created_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,

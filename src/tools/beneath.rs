@@ -353,6 +353,119 @@ impl Beneath {
         }
         result.map(|()| existing.is_some())
     }
+
+    /// The directory `resolved`, made with its missing parents, none of
+    /// them followed through a symlink.
+    pub fn make_dir(&self, resolved: &Path) -> io::Result<()> {
+        self.make_dirs(resolved).map(|_| ())
+    }
+
+    /// A symlink at `resolved` pointing at `target` (not checked here:
+    /// the caller decides which targets are allowed), made relative to
+    /// its parent's handle: nothing on the way is followed.
+    pub fn symlink(&self, target: &Path, resolved: &Path) -> io::Result<()> {
+        let (parent, name) = split(resolved)?;
+        let dir = self.make_dirs(parent)?;
+        let (target, name) = (cstr(target.as_os_str())?, cstr(name)?);
+        // SAFETY: symlinkat reads the two NUL-terminated strings only.
+        let rc = unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// A new, empty temp file beside `resolved` (same directory, a hidden
+    /// name, `O_EXCL`), making missing parent directories, to be written
+    /// by the caller and renamed over `resolved` by [`Staged::commit`].
+    /// Why not [`Self::write_atomic`]: a file transfer streams bytes that
+    /// need not fit in memory. Dropped uncommitted (an error, a cancel),
+    /// the temp file is removed: no partial file is ever left under the
+    /// name or beside it. A directory at `resolved` is `EISDIR`.
+    pub fn stage(&self, resolved: &Path) -> io::Result<Staged> {
+        let (parent, name) = split(resolved)?;
+        let dir = self.make_dirs(parent)?;
+        let cname = cstr(name)?;
+        if let Some(st) = Self::stat_in(&dir, &cname) {
+            if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                return Err(io::Error::from_raw_os_error(libc::EISDIR));
+            }
+        }
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{}.part", uuid::Uuid::new_v4().simple()));
+        let tmp = cstr(&tmp_name)?;
+        let fd = openat(
+            &dir,
+            &tmp,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            0o666,
+        )?;
+        Ok(Staged {
+            file: File::from(fd),
+            dir,
+            tmp,
+            name: cname,
+            done: false,
+        })
+    }
+}
+
+/// A temp file beside its destination ([`Beneath::stage`]): removed when
+/// dropped unless committed.
+#[derive(Debug)]
+pub struct Staged {
+    file: File,
+    dir: OwnedFd,
+    tmp: CString,
+    name: CString,
+    done: bool,
+}
+
+impl Staged {
+    /// The temp file, to write into.
+    pub fn file(&mut self) -> &mut File {
+        &mut self.file
+    }
+
+    /// fsync the bytes, rename the temp file over the destination
+    /// (relative to the parent's handle: a symlink planted at the name is
+    /// replaced, never followed), fsync the directory so the rename
+    /// survives a crash.
+    ///
+    /// # Errors
+    ///
+    /// The failing call's error; the temp file is removed then.
+    pub fn commit(mut self) -> io::Result<()> {
+        self.file.sync_all()?;
+        // SAFETY: renameat reads the two NUL-terminated names only.
+        let rc = unsafe {
+            libc::renameat(
+                self.dir.as_raw_fd(),
+                self.tmp.as_ptr(),
+                self.dir.as_raw_fd(),
+                self.name.as_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.done = true;
+        // SAFETY: fsync on a descriptor this value owns.
+        if unsafe { libc::fsync(self.dir.as_raw_fd()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            // SAFETY: unlinkat reads the NUL-terminated name only.
+            unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.tmp.as_ptr(), 0) };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -418,6 +531,31 @@ mod tests {
             &b.open_read(&outside.join("secret")).unwrap_err()
         ));
         assert!(is_swapped(&b.open_read(&ws.join("../x")).unwrap_err()));
+    }
+
+    #[test]
+    fn staged_files_appear_whole_or_not_at_all() {
+        let (_d, ws) = ws();
+        let b = Beneath::new(&ws).unwrap();
+        let mut st = b.stage(&ws.join("up/a.txt")).unwrap();
+        st.file().write_all(b"part").unwrap();
+        drop(st);
+        assert!(!ws.join("up/a.txt").exists());
+        assert_eq!(
+            fs::read_dir(ws.join("up")).unwrap().count(),
+            0,
+            "no leftovers"
+        );
+        let mut st = b.stage(&ws.join("up/a.txt")).unwrap();
+        st.file().write_all(b"whole").unwrap();
+        st.commit().unwrap();
+        assert_eq!(fs::read_to_string(ws.join("up/a.txt")).unwrap(), "whole");
+        assert_eq!(fs::read_dir(ws.join("up")).unwrap().count(), 1);
+        fs::create_dir(ws.join("dir")).unwrap();
+        assert_eq!(
+            b.stage(&ws.join("dir")).unwrap_err().raw_os_error(),
+            Some(libc::EISDIR)
+        );
     }
 
     #[test]

@@ -813,6 +813,7 @@ async fn lossless_output_holds_the_producer_back_and_loses_no_byte() {
             output_policy: policy,
             package_install: None,
             git_credentials: false,
+            file_transfer: None,
             // The control waits for the end: by then its ring has lapped.
             wait_ms: (policy == OutputPolicy::Ring).then_some(60_000),
             ..start_params("s", &id, &argv)
@@ -851,6 +852,7 @@ async fn a_blocked_lossless_process_ends_with_its_session() {
         output_policy: OutputPolicy::Lossless,
         package_install: None,
         git_credentials: false,
+        file_transfer: None,
         ..start_params(
             "s",
             "yes",

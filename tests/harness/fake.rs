@@ -251,6 +251,7 @@ async fn api_session_flow_with_a_fake_executor() {
         exit_signal: None,
         ended_at: None,
         reason: None,
+        file_transfer: None,
     });
     let (status, v) = task.await.unwrap();
     assert_eq!(status, 200, "{v}");

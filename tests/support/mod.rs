@@ -421,6 +421,7 @@ pub fn assign_params(session_id: &str, fencing: u64) -> AssignParams {
         mcp_servers: vec![],
         metadata: Default::default(),
         resources: vec![],
+        restore: None,
     }
 }
 
@@ -442,6 +443,7 @@ pub fn start_params(session_id: &str, process_id: &str, argv: &[&str]) -> Proces
         output_policy: Default::default(),
         package_install: None,
         git_credentials: false,
+        file_transfer: None,
     }
 }
 

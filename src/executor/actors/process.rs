@@ -24,9 +24,9 @@ use crate::process::lifecycle::{
 use crate::process::ring::OutputRing;
 use crate::process::{exits, sys};
 use crate::wire::types::{
-    now_rfc3339, Accepted, Cursors, IoMode, OutputPolicy, ProcState, ProcessReadParams,
-    ProcessReadResult, ProcessStartParams, ProcessState, ProcessStatusParams, ProcessWriteParams,
-    StderrMode, StdinMode, Stream,
+    now_rfc3339, Accepted, Cursors, FileTransferResult, IoMode, OutputPolicy, ProcState,
+    ProcessReadParams, ProcessReadResult, ProcessStartParams, ProcessState, ProcessStatusParams,
+    ProcessWriteParams, StderrMode, StdinMode, Stream,
 };
 use crate::wire::{BlobRef, Codec, Method, Responder, RpcError};
 use bytes::Bytes;
@@ -70,6 +70,9 @@ pub enum ProcessMsg {
     Kill(String),
     /// The child exited (from the wait task).
     Exited(std::process::ExitStatus),
+    /// A file transfer ended (from its task): exit code 0 when it
+    /// succeeded, 1 when its result carries an error.
+    Transferred(FileTransferResult),
     /// A timer the lifecycle asked for fired (`timeoutMs`, the end of a
     /// grace period, a `waitMs` of `process.start`); the lifecycle decides
     /// what is due.
@@ -263,6 +266,8 @@ struct Status {
     exit_signal: Option<i32>,
     ended_at: Option<String>,
     reason: Option<String>,
+    /// A file transfer's result, once it has ended.
+    file_transfer: Option<FileTransferResult>,
 }
 
 impl Status {
@@ -278,6 +283,7 @@ impl Status {
             exit_signal: o.exit_signal,
             ended_at: Some(now_rfc3339()),
             reason: o.reason.clone(),
+            file_transfer: None,
         }
     }
 }
@@ -326,6 +332,10 @@ pub struct ProcessData {
     /// `gitCredentials`: this process's `GIT_ASKPASS` helper, removed
     /// (dropped) when the process ends.
     askpass: Option<crate::executor::git_credentials::Askpass>,
+    /// `fileTransfer`: the transfer task while it runs (there is no
+    /// child; a signal cancels the task), then its result.
+    transfer: Option<tokio::task::AbortHandle>,
+    transferred: Option<FileTransferResult>,
 }
 
 struct Spawned {
@@ -512,6 +522,10 @@ impl ProcessData {
     fn apply(&mut self, myself: &ActorRef<ProcessMsg>, effects: Vec<Effect<Waiter>>) {
         for effect in effects {
             match effect {
+                Effect::Signal(sig) if self.transfer.is_some() => self.cancel_transfer(myself, sig),
+                Effect::KillTree if self.transfer.is_some() => {
+                    self.cancel_transfer(myself, Signal::SIGKILL)
+                }
                 Effect::Signal(sig) => self.signal(sig),
                 Effect::KillTree => {
                     tracing::info!(
@@ -529,7 +543,10 @@ impl ProcessData {
                     // The git credential helper goes before anyone hears
                     // of the end (issue 15).
                     self.askpass = None;
-                    self.status.send_replace(Status::ended(&outcome));
+                    self.status.send_replace(Status {
+                        file_transfer: self.transferred.clone(),
+                        ..Status::ended(&outcome)
+                    });
                     self.announce();
                 }
                 Effect::ReapLeftovers => self.kill_tree_now(),
@@ -551,6 +568,33 @@ impl ProcessData {
             }
             Waiter::Start(reply) => reply.ok(&self.snapshot()),
         }
+    }
+
+    /// A signal to a file transfer: it has no handler, so any signal ends
+    /// it. The task is aborted (dropping its temp file removes it) and
+    /// the end is reported as a death by `sig`, like a child's.
+    fn cancel_transfer(&mut self, myself: &ActorRef<ProcessMsg>, sig: Signal) {
+        let Some(task) = self.transfer.take() else {
+            return;
+        };
+        task.abort();
+        let path = self
+            .spec
+            .file_transfer
+            .as_ref()
+            .map(|f| f.local_path.clone())
+            .unwrap_or_default();
+        self.transferred = Some(
+            crate::executor::file_transfer::Failure {
+                code: crate::executor::file_transfer::code::CANCELED,
+                message: format!("canceled by {}", sig.as_str()),
+                current_digest: None,
+            }
+            .into_result(&path),
+        );
+        let _ = myself.send_message(ProcessMsg::Exited(std::process::ExitStatus::from_raw(
+            sig as i32,
+        )));
     }
 
     fn pgid(&self) -> Option<i32> {
@@ -612,6 +656,7 @@ impl Actor for ProcessActor {
                 exit_signal: None,
                 ended_at: None,
                 reason: None,
+                file_transfer: None,
             })
             .0,
             shared: args.shared.clone(),
@@ -627,8 +672,32 @@ impl Actor for ProcessActor {
             origin: Instant::now(),
             read_slots: args.read_slots,
             askpass: None,
+            transfer: None,
+            transferred: None,
             spec: args.spec,
         };
+        if let Some(ft) = state.spec.file_transfer.clone() {
+            // No child: the transfer runs as a task of this actor, which
+            // keeps the process's lifecycle (timeout, terminate, kill,
+            // the end state) exactly as for a child (docs/protocol.md).
+            state.stdout.close();
+            state.stderr.close();
+            let (me, ws, sid) = (
+                myself.clone(),
+                args.workspace.clone(),
+                state.session_id.clone(),
+            );
+            let task = tokio::spawn(async move {
+                let r = crate::executor::file_transfer::run(ws, sid, *ft).await;
+                let _ = me.send_message(ProcessMsg::Transferred(r));
+            });
+            state.transfer = Some(task.abort_handle());
+            let timeout = state.spec.timeout_ms.map(Duration::from_millis);
+            let (life, effects) = Lifecycle::started(state.now(), timeout);
+            state.life = life;
+            state.apply(&myself, effects);
+            return Ok(state);
+        }
         // Granted before the spawn; a refused grant is a failed spawn with
         // the reason as its message (never the secret: see GrantError).
         let askpass = state
@@ -711,6 +780,9 @@ impl Actor for ProcessActor {
     ) -> Result<(), ActorProcessingErr> {
         state.stdout.stop();
         state.stderr.stop();
+        if let Some(task) = state.transfer.take() {
+            task.abort();
+        }
         if state.running() {
             let (pid, scope) = (state.pgid(), state.scope.clone());
             let _ = tokio::task::spawn_blocking(move || sys::kill_tree(pid, pid, &scope)).await;
@@ -795,6 +867,18 @@ impl Actor for ProcessActor {
             ProcessMsg::Tick => {
                 let effects = state.life.tick(state.now());
                 state.apply(&myself, effects);
+            }
+            ProcessMsg::Transferred(r) => {
+                // Canceled meanwhile: the cancel's end stands.
+                if state.transfer.take().is_some() {
+                    let code = i32::from(r.error.is_some());
+                    state.transferred = Some(r);
+                    let effects = state.life.exited(ExitStatus {
+                        code: Some(code),
+                        signal: None,
+                    });
+                    state.apply(&myself, effects);
+                }
             }
             ProcessMsg::Exited(status) => {
                 let effects = state.life.exited(ExitStatus {
@@ -918,6 +1002,7 @@ async fn read_task(
                         exit_signal: snapshot.exit_signal,
                         ended_at: snapshot.ended_at,
                         reason: snapshot.reason,
+                        file_transfer: snapshot.file_transfer,
                     };
                     let stream = match p.stream {
                         Stream::Stdout => "stdout",

@@ -99,6 +99,8 @@ pub enum SessionMsg {
     },
     /// The agent's session id (`executorSessionRef`), from the turn.
     AcpSession(String),
+    /// The restore of `session.assign.restore` ended (from its task).
+    Restored(Result<usize, crate::executor::restore::RestoreError>),
     /// `session.event` delivery.
     Events(OutboxEvent<u64>),
     /// Test hook: panic in the handler (`None`), or make one child panic.
@@ -212,6 +214,21 @@ pub struct SessionState {
     next_sequence: u64,
     /// The session's virtual display, from its first `computer_*` call.
     display: Option<DisplayHandle>,
+    /// `session.assign.restore`: until it is done, the session is not
+    /// ready (and never, when it failed).
+    restore: Restore,
+}
+
+/// Where the restore of a backup into the workspace stands.
+enum Restore {
+    /// Nothing to restore, or restored.
+    Done,
+    /// To start in `post_start`.
+    Due(crate::wire::types::RestoreSource),
+    /// Running: the task, aborted if the session stops first.
+    Running(tokio::task::AbortHandle),
+    /// Failed: the session never becomes ready.
+    Failed,
 }
 
 /// Turns remembered for idempotent starts.
@@ -270,7 +287,18 @@ pub fn process_scope(session_scope: &str, process_id: &str) -> String {
 fn same_spec(a: &ProcessStartParams, b: &ProcessStartParams) -> bool {
     let mut a = a.clone();
     a.wait_ms = b.wait_ms;
-    a == *b
+    // A file transfer's one-time data path (token, ticket) is minted anew
+    // by every request of the harness: the transfer is the rest.
+    let strip = |p: &mut ProcessStartParams| {
+        p.file_transfer = p
+            .file_transfer
+            .as_ref()
+            .map(|f| Box::new(f.without_credentials()));
+    };
+    let mut b = b.clone();
+    strip(&mut a);
+    strip(&mut b);
+    a == b
 }
 
 impl SessionState {
@@ -292,6 +320,14 @@ impl SessionState {
     /// Keep `session.ready` (for the current lease token) until
     /// acknowledged; once every MCP server is ready or has failed.
     fn send_ready(&mut self, myself: &ActorRef<SessionMsg>) {
+        match self.restore {
+            Restore::Done => {}
+            Restore::Due(_) | Restore::Running(_) => {
+                self.ready_due = true;
+                return;
+            }
+            Restore::Failed => return,
+        }
         let settled = self.mcp.values().all(|e| {
             matches!(
                 e.status.state,
@@ -951,7 +987,16 @@ impl Session {
                 Err(e) => return reply.err(e),
             }
         }
-        if run.argv.is_empty() {
+        // `fileTransfer`: the executor runs the transfer itself
+        // (`executor::file_transfer`), so there is no argv.
+        if let Some(ft) = &spec.file_transfer {
+            if !crate::executor::file_transfer::ENABLED {
+                return reply.err(RpcError::capability_unavailable("process.fileTransfer"));
+            }
+            if let Err(e) = crate::executor::file_transfer::check(&spec, ft) {
+                return reply.err(e);
+            }
+        } else if run.argv.is_empty() {
             return reply.err(RpcError::invalid_params("argv must not be empty"));
         }
         if spec.git_credentials && state.shared.config.git_credentials.is_none() {
@@ -1277,6 +1322,10 @@ impl Actor for Session {
                 }),
             next_sequence: 1,
             display: None,
+            restore: match p.restore {
+                Some(src) => Restore::Due(src),
+                None => Restore::Done,
+            },
         };
         state.status(SessionStatus::Starting, None);
         Ok(state)
@@ -1287,6 +1336,17 @@ impl Actor for Session {
         myself: ActorRef<SessionMsg>,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
+        if let Restore::Due(src) = std::mem::replace(&mut state.restore, Restore::Done) {
+            // The backup goes into the workspace first: the MCP servers
+            // and `session.ready` wait for it (docs/protocol.md, "Restore").
+            let (me, ws) = (myself.clone(), state.workspace.clone());
+            let task = tokio::spawn(async move {
+                let r = crate::executor::restore::run(&ws, &src).await;
+                let _ = me.send_message(SessionMsg::Restored(r));
+            });
+            state.restore = Restore::Running(task.abort_handle());
+            return Ok(());
+        }
         self.start_mcp_servers(&myself, state).await;
         // Ready now, or once every MCP server is ready or failed.
         state.send_ready(&myself);
@@ -1300,6 +1360,9 @@ impl Actor for Session {
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
         state.forget_processes();
+        if let Restore::Running(task) = &state.restore {
+            task.abort();
+        }
         for (key, t) in std::mem::take(&mut state.services) {
             t.stop();
             state
@@ -1406,6 +1469,28 @@ impl Actor for Session {
             }
             SessionMsg::Emit { turn_id, emits } => state.emit(&myself, &turn_id, emits),
             SessionMsg::AcpSession(id) => state.acp_session = Some(id),
+            SessionMsg::Restored(r) => {
+                if !matches!(state.restore, Restore::Running(_)) || state.stopping {
+                    return Ok(());
+                }
+                match r {
+                    Ok(entries) => {
+                        tracing::info!(session = %state.id, entries, "workspace restored");
+                        state.restore = Restore::Done;
+                        self.start_mcp_servers(&myself, state).await;
+                        state.send_ready(&myself);
+                        state.status(SessionStatus::Running, None);
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %state.id, code = e.code, error = %e.message, "restore failed");
+                        state.restore = Restore::Failed;
+                        state.status(
+                            SessionStatus::Error,
+                            Some(format!("restore_failed: {}: {}", e.code, e.message)),
+                        );
+                    }
+                }
+            }
             SessionMsg::Events(event) => {
                 let expected = match &event {
                     OutboxEvent::Expected(_, e) => Some(e.to_owned()),

@@ -616,6 +616,7 @@ impl LeasesState {
                 state: SessionState::Assigning,
                 ready: false,
                 status: None,
+                status_detail: None,
                 created_at: now_rfc3339(),
                 ended_at: None,
                 ended_reason: None,
@@ -882,6 +883,7 @@ impl LeasesState {
                 let mut changed = Vec::new();
                 if let Some(mut rec) = self.shared.sessions.get_mut(&session_id) {
                     rec.status = Some(p.status);
+                    rec.status_detail = p.detail.clone();
                     // Only servers the session was created with; the
                     // executor's list is bounded by them.
                     for s in &p.mcp_servers {

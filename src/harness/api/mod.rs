@@ -4,6 +4,7 @@
 pub mod artifacts;
 pub mod backups;
 pub mod enrollments;
+pub mod files;
 pub mod mcp;
 pub mod sessions;
 pub mod skills;

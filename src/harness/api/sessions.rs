@@ -37,6 +37,10 @@ pub struct CreateSession {
     /// `secretEnv` values go to the executor only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp_servers: Vec<McpServerSpec>,
+    /// Start from a workspace backup: the executor unpacks it before
+    /// `session.ready` (docs/protocol.md, "Restore from a backup").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<super::files::RestoreFrom>,
 }
 
 /// A tool call (`POST /v1/sessions/{id}/tools`).
@@ -103,6 +107,7 @@ pub fn process_params(process_id: impl Into<String>, argv: Vec<String>) -> Proce
         output_policy: Default::default(),
         package_install: None,
         git_credentials: false,
+        file_transfer: None,
     }
 }
 
@@ -145,6 +150,10 @@ impl Sessions {
             crate::wire::id::check("sessionId", id).map_err(ApiError::invalid_id)?;
         }
         super::mcp::validate_specs(&req.mcp_servers)?;
+        let restore = match &req.restore_from {
+            Some(r) => Some(super::files::restore_digest(shared, r).await?),
+            None => None,
+        };
         let mcp_info = req
             .mcp_servers
             .iter()
@@ -176,6 +185,24 @@ impl Sessions {
                 return Err(err);
             }
         }
+        // The restore's download is minted for the executor the lease
+        // went to, which must restore: else the assign is undone.
+        let restore = match restore
+            .map(|d| super::files::restore_source(shared, a.grant.holder, d))
+            .transpose()
+        {
+            Ok(r) => r,
+            Err(err) => {
+                let _ = shared
+                    .send_leases(LeasesMsg::AssignAnswered {
+                        session_id: session_id.clone(),
+                        fencing_token: token,
+                        result: Err(err.clone()),
+                    })
+                    .await;
+                return Err(err);
+            }
+        };
         let params = AssignParams {
             session_id: session_id.clone(),
             work_id: session_id.clone(),
@@ -189,6 +216,7 @@ impl Sessions {
             mcp_servers: req.mcp_servers,
             metadata: req.metadata,
             resources: Vec::new(),
+            restore,
         };
         // Idempotent by (sessionId, fencingToken): sent again on the
         // resumed connection when the first one is lost before the answer
@@ -411,8 +439,24 @@ impl Session {
         }
     }
 
-    /// `process.start`; `params.session_id` is set to this session.
+    /// `process.start`; `params.session_id` is set to this session. A
+    /// `fileTransfer` gets its data path filled in here
+    /// ([`Session::prepare_transfer`]).
     pub async fn start_process(
+        &self,
+        mut params: ProcessStartParams,
+    ) -> Result<ProcessState, ApiError> {
+        if let Some(mut ft) = params.file_transfer.take() {
+            // An upload ticket minted here ends with its TTL: this call
+            // does not wait for the transfer to end.
+            self.prepare_transfer(&mut ft).await?;
+            params.file_transfer = Some(ft);
+        }
+        self.start_process_raw(params).await
+    }
+
+    /// `process.start` as given (a file transfer's data path filled in).
+    pub(crate) async fn start_process_raw(
         &self,
         mut params: ProcessStartParams,
     ) -> Result<ProcessState, ApiError> {

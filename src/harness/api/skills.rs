@@ -121,7 +121,7 @@ impl Skills {
     }
 
     /// A one-time token for the blob `digest`: `(id, bearer)`.
-    fn mint(&self, digest: Digest) -> Result<(String, String), ApiError> {
+    pub(crate) fn mint(&self, digest: Digest) -> Result<(String, String), ApiError> {
         let now = Instant::now();
         let mut tokens = lock(&self.tokens);
         tokens.retain(|_, t| t.expires > now);

@@ -2,6 +2,7 @@
 
 pub mod artifacts;
 pub mod enrollments;
+pub mod files;
 pub mod listener;
 pub mod mcp;
 pub mod openapi;
@@ -142,6 +143,16 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route(
             &format!("{}/{{token}}", crate::harness::api::skills::DOWNLOAD_PATH),
             get(skills::download),
+        )
+        .route(
+            "/v1/sessions/{id}/files/uploads/{*path}",
+            axum::routing::put(files::put_upload).layer(axum::extract::DefaultBodyLimit::max(
+                crate::harness::api::files::MAX_UPLOAD_BYTES,
+            )),
+        )
+        .route(
+            "/v1/sessions/{id}/files/outputs/{*path}",
+            get(files::get_output),
         )
         .route(
             "/v1/sessions/{id}/backups",
@@ -490,7 +501,7 @@ fn process_start_body(bytes: &Bytes, session_id: &str) -> Result<ProcessStartPar
         .or_insert_with(|| format!("p-{}", uuid::Uuid::new_v4().simple()).into());
     let params: ProcessStartParams =
         serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
-    if params.argv.is_empty() {
+    if params.argv.is_empty() && params.file_transfer.is_none() {
         return Err(ApiError::bad_request("argv must not be empty"));
     }
     Ok(params)

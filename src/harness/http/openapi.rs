@@ -117,11 +117,8 @@ fn constrain_ids(doc: &mut Value) {
             }
         }
     }
-    // An empty argv is refused.
-    let argv = &mut doc["components"]["schemas"]["ProcessStart"]["properties"]["argv"];
-    if let Some(a) = argv.as_object_mut() {
-        a.insert("minItems".into(), json!(1));
-    }
+    // An empty argv is refused, except with `fileTransfer` (the `anyOf`
+    // of `ProcessStart`).
 }
 
 pub fn document() -> Value {
@@ -592,18 +589,23 @@ fn base() -> Value {
               "protocol": {"type": "string"}, "capabilities": {"type": "object"}}},
           "Executors": {"type": "object", "properties": {"executors": {"type": "array", "items": {"$ref": "#/components/schemas/Executor"}}}},
           "CreateSession": {"type": "object", "properties": {"executorId": {"type": "string"}, "sessionId": {"type": "string"}, "metadata": {"type": "object"},
-              "mcpServers": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/McpServerSpec"}, "description": "sent in session.assign; keys unique"}}},
+              "mcpServers": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/McpServerSpec"}, "description": "sent in session.assign; keys unique"},
+              "restoreFrom": {"type": "object", "additionalProperties": false, "description": "start from a workspace backup: exactly one of backupId (of sessionId, default any session's, newest) and artifactId; unpacked before session.ready. A failed restore leaves the session not ready with status error and statusDetail restore_failed: <code>: <message>", "properties": {
+                "backupId": {"type": "string"}, "sessionId": {"type": "string"}, "artifactId": {"type": "string"}}}}},
           "Session": {"type": "object", "properties": {
               "sessionId": {"type": "string"}, "executorId": {"type": "string"}, "connectionId": {"type": "string"},
               "fencingToken": {"type": "integer"}, "leaseToken": {"type": "string"},
               "state": {"type": "string", "enum": ["assigning", "active", "disconnected", "stopping", "ended"]},
-              "ready": {"type": "boolean"}, "status": {"type": "string", "enum": ["starting", "running", "idle", "stopping", "stopped", "error"]},
+              "ready": {"type": "boolean"}, "status": {"type": "string", "enum": ["starting", "running", "idle", "stopping", "stopped", "error"]}, "statusDetail": {"type": "string"},
               "createdAt": {"type": "string"}, "endedAt": {"type": "string"}, "endedReason": {"type": "string"},
               "metadata": {"type": "object"}, "processes": {"type": "array", "items": {"$ref": "#/components/schemas/ProcessStatus"}},
               "mcpServers": {"type": "array", "description": "present when the session has MCP servers: spec (secretEnv values redacted) and state; tools are in GET /v1/sessions/{id}/mcp", "items": {"$ref": "#/components/schemas/McpServer"}}}},
           "Sessions": {"type": "object", "properties": {"sessions": {"type": "array", "items": {"$ref": "#/components/schemas/Session"}}}},
-          "ProcessStart": {"type": "object", "required": ["argv"], "properties": {
-              "processId": {"type": "string", "description": "default: a fresh p-<uuid>"}, "argv": {"type": "array", "items": {"type": "string"}},
+          "ProcessStart": {"type": "object",
+            "anyOf": [{"required": ["argv"], "properties": {"argv": {"minItems": 1}}}, {"required": ["fileTransfer"], "properties": {"argv": {"maxItems": 0}}}],
+            "properties": {
+              "processId": {"type": "string", "description": "default: a fresh p-<uuid>"}, "argv": {"type": "array", "items": {"type": "string"}, "description": "required and not empty, except with fileTransfer (then empty or absent)"},
+              "fileTransfer": {"$ref": "#/components/schemas/FileTransfer"},
               "cwd": {"type": "string"}, "env": {"type": "object", "additionalProperties": {"type": "string"}},
               "stdin": {"type": "string", "enum": ["open", "closed"]}, "stderr": {"type": "string", "enum": ["separate", "merge"]},
               "ioMode": {"type": "string", "enum": ["pipe", "pty"]}, "timeoutMs": {"type": "integer"}, "waitMs": {"type": "integer"}, "metadata": {"type": "object"}}},
@@ -619,7 +621,20 @@ fn base() -> Value {
               "data": {"type": "string", "format": "byte", "description": "base64"},
               "fromCursor": {"type": "integer"}, "nextCursor": {"type": "integer"}, "earliestCursor": {"type": "integer"},
               "gap": {"type": "boolean"}, "truncated": {"type": "boolean"}, "eof": {"type": "boolean"},
-              "state": {"type": "string"}, "exitCode": {"type": "integer"}, "exitSignal": {"type": "integer"}, "endedAt": {"type": "string"}, "reason": {"type": "string"}}},
+              "state": {"type": "string"}, "exitCode": {"type": "integer"}, "exitSignal": {"type": "integer"}, "endedAt": {"type": "string"}, "reason": {"type": "string"},
+              "fileTransfer": {"$ref": "#/components/schemas/FileTransferResult"}}},
+          "FileTransfer": {"type": "object", "required": ["direction", "localPath"], "description": "a file-transfer process (docs/protocol.md, File transfers); the harness fills in the data path (downloadUrl, downloadToken, upload)", "properties": {
+              "direction": {"type": "string", "enum": ["download", "upload"]},
+              "localPath": {"type": "string", "description": "relative to the workspace, no .."},
+              "expectedDigest": {"type": "string", "description": "the digest the local file must have now (\"\": must not exist); otherwise error conflict with currentDigest"},
+              "digest": {"type": "string", "description": "download: the blob (sha256:<hex>)"},
+              "artifactId": {"type": "string", "description": "download: the blob of this artifact"},
+              "maxBytes": {"type": "integer", "minimum": 0}}},
+          "FileTransferResult": {"type": "object", "required": ["path", "digest"], "properties": {
+              "path": {"type": "string"}, "digest": {"type": "string"}, "sizeBytes": {"type": "integer"}, "artifactId": {"type": "string"},
+              "error": {"type": "object", "required": ["code", "message"], "properties": {
+                "code": {"type": "string", "enum": ["conflict", "digest_mismatch", "too_large", "workspace_boundary", "not_found", "not_a_file", "token_expired", "token_invalid", "download_failed", "upload_failed", "disk_full", "io_error", "canceled"]},
+                "currentDigest": {"type": "string"}, "message": {"type": "string"}}}}},
           "Stdin": {"type": "object", "properties": {"data": {"type": "string", "format": "byte"}, "text": {"type": "string"}, "closeStdin": {"type": "boolean"}}},
           "Terminate": {"type": "object", "properties": {"graceMs": {"type": "integer"}}},
           "Accepted": {"type": "object", "properties": {"accepted": {"type": "boolean"}}},
@@ -643,7 +658,7 @@ fn base() -> Value {
         "/v1/sessions": {
           "get": {"summary": "Sessions (live and recently ended)", "responses": {"200": ok("sessions", "Sessions")}},
           "post": {"summary": "Create a session: grant a lease, send session.assign, answer once accepted", "requestBody": body("CreateSession", false),
-            "responses": {"201": ok("the session", "Session"), "400": err("bad input"), "409": err("the session id is in use"), "503": err("no executor connected, or the executor is busy (-32029)"), "504": err("the executor did not answer")}}},
+            "responses": {"201": ok("the session", "Session"), "400": err("bad input"), "404": err("restoreFrom names no stored backup or artifact"), "409": err("the session id is in use"), "501": err("restoreFrom without a blob store, or an executor that does not restore (-32012)"), "503": err("no executor connected, or the executor is busy (-32029)"), "504": err("the executor did not answer")}}},
         "/v1/sessions/{id}": {
           "parameters": [sid()],
           "get": {"summary": "One session", "responses": {"200": ok("the session", "Session"), "404": err("unknown session")}},
@@ -651,7 +666,8 @@ fn base() -> Value {
         "/v1/sessions/{id}/processes": {
           "parameters": [sid()],
           "get": {"summary": Method::ProcessList.as_str(), "responses": session_errors(json!({"200": ok("processes", "Processes")}))},
-          "post": {"summary": "process.start (params without sessionId)", "requestBody": body("ProcessStart", true), "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
+          "post": {"summary": "process.start (params without sessionId)", "requestBody": body("ProcessStart", true), "responses": session_errors(json!({"200": ok("process state", "ProcessState"),
+            "501": err("fileTransfer without a blob store, or an executor that does not run file transfers (-32012)")}))}},
         "/v1/sessions/{id}/processes/{pid}/output": {
           "parameters": [sid(), pid(),
             {"name": "stream", "in": "query", "schema": {"type": "string", "enum": ["stdout", "stderr"], "default": "stdout"}},
@@ -668,6 +684,25 @@ fn base() -> Value {
         "/v1/sessions/{id}/processes/{pid}/terminate": {
           "parameters": [sid(), pid()],
           "post": {"summary": "process.terminate (SIGTERM, SIGKILL after graceMs)", "requestBody": body("Terminate", false), "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
+        "/v1/sessions/{id}/files/uploads/{path}": {
+          "parameters": [sid(), {"name": "path", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1}, "description": "the file under uploads/: plain names joined by /"}],
+          "put": {"summary": "Put a file into the session's uploads/ (the body is the file; a file-transfer process writes it whole)",
+            "parameters": [{"name": "If-Match", "in": "header", "schema": {"type": "string"}, "description": "\"sha256:<hex>\": the file must have this digest now"},
+                           {"name": "If-None-Match", "in": "header", "schema": {"type": "string", "enum": ["*"]}, "description": "*: the file must not exist"}],
+            "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+            "responses": session_errors(json!({"200": ok("the file, written", "FileTransferResult"),
+              "400": err("a bad path (reason invalid_path: .., absolute, a symlink out) or precondition"),
+              "404": err("unknown session"),
+              "409": err("the file's digest is not the one If-Match names (reason conflict), or the session's process id is taken"),
+              "413": err("over 64 MiB (-32013)"), "501": err("no blob store, or the executor does not run file transfers (-32012)"),
+              "502": err("the transfer failed on the executor"), "507": err("the executor's disk is full")}))}},
+        "/v1/sessions/{id}/files/outputs/{path}": {
+          "parameters": [sid(), {"name": "path", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1}, "description": "the file under outputs/: plain names joined by /"}],
+          "get": {"summary": "Fetch a file of the session's outputs/ (a file-transfer process uploads it; it is listed among the session's artifacts)",
+            "responses": session_errors(json!({"200": {"description": "the file's bytes; ETag is its digest", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+              "400": err("a bad path (reason invalid_path)"), "404": err("unknown session, or no such file"),
+              "413": err("over the blob store's limit (-32013)"), "501": err("no blob store, or the executor does not run file transfers (-32012)"),
+              "502": err("the transfer failed on the executor")}))}},
         "/v1/sessions/{id}/tools": {
           "parameters": [sid()],
           "post": {"summary": "tool.call, answered with the tool.result (once per toolCallId)", "requestBody": body("ToolCall", true),
@@ -694,6 +729,8 @@ mod tests {
             "/v1/sessions/{id}/processes/{pid}/interrupt",
             "/v1/sessions/{id}/processes/{pid}/terminate",
             "/v1/sessions/{id}/tools",
+            "/v1/sessions/{id}/files/uploads/{path}",
+            "/v1/sessions/{id}/files/outputs/{path}",
             "/v1/sessions/{id}/mcp",
             "/v1/sessions/{id}/mcp/{serverKey}",
             "/v1/executors/{id}/terminals",

@@ -526,6 +526,7 @@ mod tests {
             state,
             ready: true,
             status: None,
+            status_detail: None,
             created_at: "2026-01-01T00:00:00Z".into(),
             ended_at: None,
             ended_reason: None,

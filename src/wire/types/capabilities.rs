@@ -148,6 +148,10 @@ wire_struct! {
     pub struct WorkspaceCapability {
         #[serde(default)]
         pub backup: bool,
+        /// bmx extension: `session.assign.restore` is honored (a backup
+        /// unpacked into the fresh workspace before `session.ready`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub restore: bool,
     }
 }
 

@@ -75,6 +75,98 @@ wire_struct! {
         /// git credential, for this process only.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pub git_credentials: bool,
+        /// Copy one file between the harness and the workspace instead of
+        /// running a program (the seed's `ProcessFileTransfer`); `argv`
+        /// must then be empty (docs/protocol.md, "File transfers").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        /// Boxed: it is large, and most processes have none.
+        pub file_transfer: Option<Box<ProcessFileTransfer>>,
+    }
+}
+
+wire_struct! {
+    /// `process.start.fileTransfer`: the seed's `{direction, localPath}`
+    /// plus the data path the harness fills in (bmx extensions,
+    /// docs/protocol.md). `direction` is a string so that an unknown one
+    /// is refused with a reason, not a decode error.
+    #[derive(Default)]
+    pub struct ProcessFileTransfer {
+        /// `download` (harness → workspace) or `upload` (workspace →
+        /// harness).
+        pub direction: String,
+        /// A path in the session's workspace (the tools' boundary rules,
+        /// and no `..` at all).
+        pub local_path: String,
+        /// The conflict check: the digest the caller expects the local
+        /// file to have now (`""`: it must not exist). Another digest →
+        /// error `conflict` with `currentDigest`, nothing transferred.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub expected_digest: Option<String>,
+        /// Download: the digest the bytes must hash to (`sha256:<hex>`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub digest: Option<String>,
+        /// Download: where to `GET` the bytes, with `downloadToken` as
+        /// the bearer (the harness's one-time download route).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub download_url: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub download_token: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub download_expires_at: Option<String>,
+        /// Upload: where to send the bytes (the artifact upload ticket).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub upload: Option<super::UploadTarget>,
+        /// The most bytes transferred; more is error `too_large`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub max_bytes: Option<u64>,
+        /// Harness API only: download this artifact (the harness turns it
+        /// into `digest` and a download token; executors ignore it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub artifact_id: Option<String>,
+    }
+}
+
+impl ProcessFileTransfer {
+    /// The spec without its one-time data path (tokens, URLs): what a
+    /// repeated `process.start` must match to be the same transfer.
+    pub fn without_credentials(&self) -> Self {
+        ProcessFileTransfer {
+            download_url: None,
+            download_token: None,
+            download_expires_at: None,
+            upload: None,
+            ..self.clone()
+        }
+    }
+}
+
+wire_struct! {
+    /// How a file transfer ended (the seed's `FileTransferResult`), in
+    /// `process.read.fileTransfer` once the transfer process has ended.
+    pub struct FileTransferResult {
+        /// The workspace path, as given.
+        pub path: String,
+        /// The digest of the bytes transferred (empty when it failed
+        /// before any were).
+        pub digest: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub size_bytes: Option<u64>,
+        /// Upload: the artifact the harness stored (bmx extension).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub artifact_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub error: Option<FileTransferError>,
+    }
+}
+
+wire_struct! {
+    /// Why a transfer failed: `code` (docs/protocol.md lists them), the
+    /// local file's digest when the conflict check failed.
+    pub struct FileTransferError {
+        pub code: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub current_digest: Option<String>,
+        pub message: String,
     }
 }
 
@@ -173,6 +265,9 @@ pub struct ProcessReadResult<D = Blob> {
     pub ended_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A file-transfer process's result, once it has ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_transfer: Option<FileTransferResult>,
 }
 
 wire_struct! {

@@ -30,6 +30,22 @@ wire_struct! {
         #[serde(default)]
         #[cfg_attr(test, proptest(strategy = "super::arb::json_vec()"))]
         pub resources: Vec<Value>,
+        /// Restore a workspace backup into the fresh workspace before
+        /// `session.ready` (bmx extension, docs/protocol.md "Restore").
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub restore: Option<RestoreSource>,
+    }
+}
+
+wire_struct! {
+    /// `session.assign.restore`: the archive (a `workspace.backup` tar,
+    /// zstd-compressed or not) and the one-time download of it.
+    pub struct RestoreSource {
+        /// `sha256:<hex>`: checked before the archive is read.
+        pub digest: String,
+        pub download_url: String,
+        pub download_token: String,
+        pub download_expires_at: String,
     }
 }
 
