@@ -163,25 +163,10 @@ fn reader(file: &mut std::fs::File) -> Result<Box<dyn Read + '_>, RestoreError> 
     }
 }
 
-/// A relative path of plain names (`.` dropped), or the rule it breaks.
+/// A relative path of plain names (`.` dropped), or the rule it breaks
+/// (skill install's rule).
 fn plain(p: &Path) -> Result<PathBuf, RestoreError> {
-    let mut out = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                return Err(fail(
-                    "path_traversal",
-                    format!("entry {p:?} climbs out with `..`"),
-                ))
-            }
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(fail("absolute_path", format!("entry {p:?} is absolute")))
-            }
-        }
-    }
-    Ok(out)
+    super::skills::plain_parts(p).map_err(|(code, message)| fail(code, message))
 }
 
 /// A symlink at `link` may point at `target`: relative, its leading `..`

@@ -63,19 +63,26 @@ enum Item {
 
 /// A relative path of plain names, or the reason it is not one.
 fn plain(p: &Path) -> Result<PathBuf, InstallError> {
+    plain_parts(p).map_err(|(code, message)| fail(code, message))
+}
+
+/// The archive path rule of skill install and workspace restore: a
+/// relative path of plain names (`.` dropped), or the rule it breaks as
+/// (error code, message).
+pub(crate) fn plain_parts(p: &Path) -> Result<PathBuf, (&'static str, String)> {
     let mut out = PathBuf::new();
     for c in p.components() {
         match c {
             Component::Normal(n) => out.push(n),
             Component::CurDir => {}
             Component::ParentDir => {
-                return Err(fail(
+                return Err((
                     "path_traversal",
                     format!("entry {p:?} climbs out with `..`"),
                 ))
             }
             Component::RootDir | Component::Prefix(_) => {
-                return Err(fail("absolute_path", format!("entry {p:?} is absolute")))
+                return Err(("absolute_path", format!("entry {p:?} is absolute")))
             }
         }
     }
