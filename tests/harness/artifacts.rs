@@ -7,7 +7,6 @@
 
 use crate::support;
 use serde_json::{json, Value};
-use sha2::Digest as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -121,14 +120,6 @@ async fn publish(w: &World, sid: &str, body: Value) -> (u16, Value) {
         .unwrap()
 }
 
-fn sha(bytes: &[u8]) -> String {
-    let hex: String = sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256:{hex}")
-}
-
 const MIB: u64 = 1 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,7 +169,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     assert_eq!(r.headers()["accept-ranges"], "bytes");
     let body = r.bytes().await.unwrap();
     assert_eq!(body.len() as u64, 3 * MIB);
-    assert_eq!(sha(&body), digest);
+    assert_eq!(support::sha256(&body), digest);
     let out = support::bash_ok(&w.base.api, &sid, "sha256sum out.bin").await;
     assert!(out.contains(&digest["sha256:".len()..]), "{out}");
 
@@ -244,7 +235,7 @@ async fn an_upload_cut_mid_way_resumes_and_the_blob_is_whole() {
     assert_eq!(s, 201, "{n}");
     assert_eq!(n["artifact"]["name"], "greeting.txt");
     assert_eq!(n["artifact"]["mimeType"], "text/plain");
-    assert_eq!(n["artifact"]["digest"], sha(b"hello"));
+    assert_eq!(n["artifact"]["digest"], support::sha256(b"hello"));
     let r = http
         .get(format!(
             "{}/v1/artifacts/{}",
@@ -315,7 +306,7 @@ async fn bad_paths_sizes_and_tickets_are_refused() {
         "{}/v1/artifact-uploads/0123456789abcdef",
         w.base.h.api_url()
     );
-    let begin = json!({"digest": sha(b"x"), "sizeBytes": 1}).to_string();
+    let begin = json!({"digest": support::sha256(b"x"), "sizeBytes": 1}).to_string();
     for auth in [None, Some("0123456789abcdef.00"), Some("nope")] {
         let mut r = http.post(&url).body(begin.clone());
         if let Some(a) = auth {

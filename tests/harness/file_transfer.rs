@@ -8,31 +8,12 @@
 
 use crate::support;
 use serde_json::{json, Value};
-use sha2::Digest as _;
 
 type World = support::BlobWorld;
-
-/// The stdout of `command` run with the `bash` tool (which must succeed).
-async fn sh(w: &World, sid: &str, command: &str) -> String {
-    let t = support::bash_ok(&w.api, sid, command).await;
-    let t = t.strip_prefix("stdout:\n").unwrap_or(&t);
-    t.rsplit_once("\nexit code:")
-        .map(|(a, _)| a)
-        .unwrap_or(t)
-        .to_owned()
-}
 
 async fn world() -> World {
     let listen = "127.0.0.1:0".parse().unwrap();
     support::blob_world("exec-ft", listen, 16 << 20, None).await
-}
-
-fn digest(b: &[u8]) -> String {
-    let hex: String = sha2::Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect();
-    format!("sha256:{hex}")
 }
 
 /// Start a transfer process and wait for its end; `(status, state)`.
@@ -93,7 +74,7 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
     .await;
     assert!(up.get("error").is_none(), "{up}");
     assert_eq!(up["path"], "out/a.txt");
-    assert_eq!(up["digest"], digest(b"hello").as_str());
+    assert_eq!(up["digest"], support::sha256(b"hello").as_str());
     assert_eq!(up["sizeBytes"], 5);
     let art = up["artifactId"].as_str().unwrap().to_owned();
     let bytes = reqwest::get(format!("{}/v1/artifacts/{art}", w.h.api_url()))
@@ -113,8 +94,13 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
     )
     .await;
     assert!(down.get("error").is_none(), "{down}");
-    assert_eq!(down["digest"], digest(b"hello").as_str());
-    assert_eq!(sh(&w, &sid, "cat in/deep/b.txt").await.trim(), "hello");
+    assert_eq!(down["digest"], support::sha256(b"hello").as_str());
+    assert_eq!(
+        support::bash_stdout(&w.api, &sid, "cat in/deep/b.txt")
+            .await
+            .trim(),
+        "hello"
+    );
 
     // Both are processes of the session, ended with a state.
     let (s, list) = w
@@ -152,17 +138,19 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
         &sid,
         "dl2",
         json!({"direction": "download", "localPath": "in/deep/b.txt", "artifactId": art,
-               "expectedDigest": digest(b"hello")}),
+               "expectedDigest": support::sha256(b"hello")}),
     )
     .await;
     assert_eq!(c["error"]["code"], "conflict", "{c}");
     assert_eq!(
         c["error"]["currentDigest"],
-        digest(b"changed").as_str(),
+        support::sha256(b"changed").as_str(),
         "{c}"
     );
     assert_eq!(
-        sh(&w, &sid, "cat in/deep/b.txt").await.trim(),
+        support::bash_stdout(&w.api, &sid, "cat in/deep/b.txt")
+            .await
+            .trim(),
         "changed",
         "a conflict writes nothing"
     );
@@ -182,21 +170,29 @@ async fn uploads_and_downloads_run_as_processes_with_a_conflict_check() {
         &sid,
         "dl4",
         json!({"direction": "download", "localPath": "in/deep/b.txt", "artifactId": art,
-               "expectedDigest": digest(b"changed")}),
+               "expectedDigest": support::sha256(b"changed")}),
     )
     .await;
     assert!(ok.get("error").is_none(), "{ok}");
-    assert_eq!(sh(&w, &sid, "cat in/deep/b.txt").await.trim(), "hello");
+    assert_eq!(
+        support::bash_stdout(&w.api, &sid, "cat in/deep/b.txt")
+            .await
+            .trim(),
+        "hello"
+    );
     // An upload checks too.
     let c = transfer(
         &w,
         &sid,
         "up2",
-        json!({"direction": "upload", "localPath": "out/a.txt", "expectedDigest": digest(b"other")}),
+        json!({"direction": "upload", "localPath": "out/a.txt", "expectedDigest": support::sha256(b"other")}),
     )
     .await;
     assert_eq!(c["error"]["code"], "conflict", "{c}");
-    assert_eq!(c["error"]["currentDigest"], digest(b"hello").as_str());
+    assert_eq!(
+        c["error"]["currentDigest"],
+        support::sha256(b"hello").as_str()
+    );
     let st = result(&w, &sid, "up2").await;
     assert_eq!(st["exitCode"], 1, "a failed transfer exits 1: {st}");
 }
@@ -273,7 +269,9 @@ async fn escapes_and_oversize_transfers_leave_nothing_behind() {
     .await;
     assert_eq!(r["error"]["code"], "too_large", "{r}");
     assert_eq!(
-        sh(&w, &sid, "ls -A cap | wc -l").await.trim(),
+        support::bash_stdout(&w.api, &sid, "ls -A cap | wc -l")
+            .await
+            .trim(),
         "0",
         "the partial file is gone"
     );

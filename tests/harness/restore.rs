@@ -11,16 +11,6 @@ use std::time::{Duration, Instant};
 
 type World = support::BlobWorld;
 
-/// The stdout of `command` run with the `bash` tool (which must succeed).
-async fn sh(w: &World, sid: &str, command: &str) -> String {
-    let t = support::bash_ok(&w.api, sid, command).await;
-    let t = t.strip_prefix("stdout:\n").unwrap_or(&t);
-    t.rsplit_once("\nexit code:")
-        .map(|(a, _)| a)
-        .unwrap_or(t)
-        .to_owned()
-}
-
 async fn world() -> World {
     let listen = "127.0.0.1:0".parse().unwrap();
     support::blob_world("exec-rs", listen, 64 << 20, None).await
@@ -110,8 +100,8 @@ async fn a_backup_becomes_the_workspace_of_a_new_session() {
         (v["ready"] == true).then_some(())
     })
     .await;
-    let out = sh(
-        &w,
+    let out = support::bash_stdout(
+        &w.api,
         &s2,
         "cat src/main.rs; echo; readlink src/deep/up; cat src/deep/up; echo; stat -c '%a %Y' src/main.rs",
     )
@@ -135,7 +125,10 @@ async fn a_backup_becomes_the_workspace_of_a_new_session() {
         (session(&w, &s3).await["ready"] == true).then_some(())
     })
     .await;
-    assert_eq!(sh(&w, &s3, "cat src/main.rs").await, "fn main() {}");
+    assert_eq!(
+        support::bash_stdout(&w.api, &s3, "cat src/main.rs").await,
+        "fn main() {}"
+    );
 
     // Unknown backups and bad requests: no session made.
     let (s, v) = w

@@ -6,31 +6,12 @@
 
 use crate::support;
 use serde_json::{json, Value};
-use sha2::Digest as _;
 
 type World = support::BlobWorld;
-
-/// The stdout of `command` run with the `bash` tool (which must succeed).
-async fn sh(w: &World, sid: &str, command: &str) -> String {
-    let t = support::bash_ok(&w.api, sid, command).await;
-    let t = t.strip_prefix("stdout:\n").unwrap_or(&t);
-    t.rsplit_once("\nexit code:")
-        .map(|(a, _)| a)
-        .unwrap_or(t)
-        .to_owned()
-}
 
 async fn world() -> World {
     let listen = "127.0.0.1:0".parse().unwrap();
     support::blob_world("exec-sf", listen, 128 << 20, None).await
-}
-
-fn digest(b: &[u8]) -> String {
-    let hex: String = sha2::Sha256::digest(b)
-        .iter()
-        .map(|x| format!("{x:02x}"))
-        .collect();
-    format!("sha256:{hex}")
 }
 
 async fn put(
@@ -98,9 +79,14 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
     let (s, v) = put(&w, &sid, "docs/a.txt", b"hello".to_vec(), &[]).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["path"], "uploads/docs/a.txt");
-    assert_eq!(v["digest"], digest(b"hello").as_str());
+    assert_eq!(v["digest"], support::sha256(b"hello").as_str());
     assert_eq!(v["sizeBytes"], 5);
-    assert_eq!(sh(&w, &sid, "cat uploads/docs/a.txt").await.trim(), "hello");
+    assert_eq!(
+        support::bash_stdout(&w.api, &sid, "cat uploads/docs/a.txt")
+            .await
+            .trim(),
+        "hello"
+    );
 
     // Preconditions: the conflict check of the transfer underneath.
     let (s, v) = put(
@@ -108,7 +94,7 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
         &sid,
         "docs/a.txt",
         b"second".to_vec(),
-        &[("if-match", &format!("\"{}\"", digest(b"other")))],
+        &[("if-match", &format!("\"{}\"", support::sha256(b"other")))],
     )
     .await;
     assert_eq!(s, 409, "{v}");
@@ -122,7 +108,9 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
     .await;
     assert_eq!(s, 409, "{v}");
     assert_eq!(
-        sh(&w, &sid, "cat uploads/docs/a.txt").await.trim(),
+        support::bash_stdout(&w.api, &sid, "cat uploads/docs/a.txt")
+            .await
+            .trim(),
         "hello",
         "refused writes change nothing"
     );
@@ -131,12 +119,14 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
         &sid,
         "docs/a.txt",
         b"second".to_vec(),
-        &[("if-match", &format!("\"{}\"", digest(b"hello")))],
+        &[("if-match", &format!("\"{}\"", support::sha256(b"hello")))],
     )
     .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(
-        sh(&w, &sid, "cat uploads/docs/a.txt").await.trim(),
+        support::bash_stdout(&w.api, &sid, "cat uploads/docs/a.txt")
+            .await
+            .trim(),
         "second"
     );
 
@@ -151,7 +141,7 @@ async fn uploads_land_in_the_workspace_and_outputs_come_back() {
     assert_eq!(resp.status().as_u16(), 200);
     assert_eq!(
         resp.headers()["etag"].to_str().unwrap(),
-        format!("\"{}\"", digest(b"result"))
+        format!("\"{}\"", support::sha256(b"result"))
     );
     assert_eq!(&resp.bytes().await.unwrap()[..], b"result");
     let resp = get(&w, &sid, "r/missing.txt").await;
@@ -230,7 +220,9 @@ async fn bad_paths_and_oversize_bodies_are_refused() {
         assert_eq!(resp.status().as_u16(), 413);
     }
     assert_eq!(
-        sh(&w, &sid, "ls -A uploads").await.trim(),
+        support::bash_stdout(&w.api, &sid, "ls -A uploads")
+            .await
+            .trim(),
         "esc",
         "nothing written"
     );

@@ -570,3 +570,25 @@ pub async fn bash_ok(api: &bmx::client::ApiClient, sid: &str, command: &str) -> 
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The stdout of `command` run with the `bash` tool through the harness
+/// API (it must succeed): the tool's text without its `stdout:` header and
+/// `exit code:` trailer.
+pub async fn bash_stdout(api: &bmx::client::ApiClient, sid: &str, command: &str) -> String {
+    let t = bash_ok(api, sid, command).await;
+    let t = t.strip_prefix("stdout:\n").unwrap_or(&t);
+    t.rsplit_once("\nexit code:")
+        .map(|(a, _)| a)
+        .unwrap_or(t)
+        .to_owned()
+}
+
+/// `sha256:<hex>` of `bytes`, the digest form of artifacts and blobs.
+pub fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    let hex: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}

@@ -29,6 +29,45 @@ use tokio::io::AsyncReadExt;
 /// The largest chunk one `PATCH` may carry (below axum's 2 MiB body limit).
 pub const MAX_CHUNK: usize = 1 << 20;
 
+/// `200` with the whole blob `digest` as `application/octet-stream`,
+/// `ETag` = the digest, streamed 64 KiB at a time so memory stays bounded
+/// whatever its size (skill downloads, session output files). A blob the
+/// store no longer has is a 404 saying `gone`.
+pub(super) async fn whole_blob(
+    app: &App,
+    digest: &Digest,
+    gone: &'static str,
+) -> Result<Response, ApiError> {
+    let blobs = artifacts::store(&app.shared)?;
+    let size = blobs
+        .stat(digest)
+        .await
+        .map_err(artifacts::blob_error)?
+        .ok_or_else(|| ApiError::not_found(gone))?;
+    let reader = blobs
+        .read_range(digest, 0, size)
+        .await
+        .map_err(artifacts::blob_error)?;
+    let stream = futures_util::stream::unfold(reader, |mut reader| async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        match reader.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), reader))
+            }
+            Err(e) => Some((Err(e), reader)),
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_LENGTH, size)
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::ETAG, format!("\"{digest}\""))
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
+
 fn ticket_of(headers: &HeaderMap, id: &str, app: &App) -> Result<Upload, ApiError> {
     if id.len() != 16 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(ApiError::unauthorized());

@@ -8,13 +8,10 @@ use crate::harness::api::artifacts;
 use crate::harness::api::files::MAX_UPLOAD_BYTES;
 use crate::harness::blob::Digest;
 use crate::harness::error::ApiError;
-use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http::{header, HeaderMap, StatusCode};
-
-use tokio::io::AsyncReadExt;
+use http::{header, HeaderMap};
 
 /// The conflict check from the request's preconditions: `If-Match:
 /// "<digest>"` (the file must have that digest now) or `If-None-Match: *`
@@ -91,34 +88,6 @@ pub(super) async fn get_output(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let r = app.sessions().session(&id).get_output(&path).await?;
-    let blobs = artifacts::store(&app.shared)?;
     let digest = Digest::parse(&r.digest).map_err(artifacts::blob_error)?;
-    let size = blobs
-        .stat(&digest)
-        .await
-        .map_err(artifacts::blob_error)?
-        .ok_or_else(|| ApiError::not_found("the file's blob is gone"))?;
-    let reader = blobs
-        .read_range(&digest, 0, size)
-        .await
-        .map_err(artifacts::blob_error)?;
-    // 64 KiB at a time: memory stays bounded whatever the file's size.
-    let stream = futures_util::stream::unfold(reader, |mut reader| async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        match reader.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), reader))
-            }
-            Err(e) => Some((Err(e), reader)),
-        }
-    });
-    Ok(Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_LENGTH, size)
-        .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::ETAG, format!("\"{digest}\""))
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+    super::artifacts::whole_blob(&app, &digest, "the file's blob is gone").await
 }

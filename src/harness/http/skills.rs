@@ -4,17 +4,15 @@
 //! (`GET /v1/skill-downloads/{token id}`, the token as bearer).
 
 use super::App;
-use crate::harness::api::artifacts;
 use crate::harness::api::skills::InstallSkill;
 use crate::harness::error::ApiError;
 use crate::wire::transport;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http::{header, HeaderMap, StatusCode};
+use http::{HeaderMap, StatusCode};
 use serde::Deserialize;
-use tokio::io::AsyncReadExt;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -67,32 +65,5 @@ pub(super) async fn download(
         .skills
         .redeem(&token, transport::bearer(&headers))
         .ok_or_else(ApiError::unauthorized)?;
-    let blobs = artifacts::store(&app.shared)?;
-    let size = blobs
-        .stat(&digest)
-        .await
-        .map_err(artifacts::blob_error)?
-        .ok_or_else(|| ApiError::not_found("the skill archive is gone"))?;
-    let reader = blobs
-        .read_range(&digest, 0, size)
-        .await
-        .map_err(artifacts::blob_error)?;
-    let stream = futures_util::stream::unfold(reader, |mut reader| async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        match reader.read(&mut buf).await {
-            Ok(0) => None,
-            Ok(n) => {
-                buf.truncate(n);
-                Some((Ok::<_, std::io::Error>(Bytes::from(buf)), reader))
-            }
-            Err(e) => Some((Err(e), reader)),
-        }
-    });
-    Ok(Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_LENGTH, size)
-        .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::ETAG, format!("\"{digest}\""))
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+    super::artifacts::whole_blob(&app, &digest, "the skill archive is gone").await
 }
