@@ -3,6 +3,7 @@
 
 pub mod buffering;
 pub mod computer;
+pub mod harness;
 pub mod local;
 pub mod mcp;
 pub mod peer;

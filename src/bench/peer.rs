@@ -11,7 +11,7 @@ use bmx::wire::{transport, Dispatch, Inbound, Link, LinkLimits, Method, Responde
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-struct Answer;
+pub struct Answer;
 
 impl Dispatch for Answer {
     fn dispatch(&self, frame: Inbound, reply: Option<Responder>) {

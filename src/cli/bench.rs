@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, computer, mcp, scale, turns, visor};
+use crate::bench::{buffering, computer, harness, mcp, scale, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -117,6 +117,64 @@ pub enum BenchCommand {
         subscribers: usize,
         #[arg(long)]
         json: bool,
+    },
+    /// The harness under simulated executors heartbeating at 1 Hz: its
+    /// share of one core against a bare peer, session assign/stop through
+    /// the API, and a durable fencing-token bump against an in-memory one.
+    Harness {
+        /// Simulated executors, one row each (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+        executors: Vec<usize>,
+        /// Seconds between connecting and measuring.
+        #[arg(long, default_value_t = 5)]
+        warmup_secs: u64,
+        /// Seconds measured.
+        #[arg(long, default_value_t = 10)]
+        window_secs: u64,
+        /// Seconds of session assign/stop pairs after each window (0: none).
+        #[arg(long, default_value_t = 5)]
+        assign_secs: u64,
+        /// API callers in flight during assign/stop.
+        #[arg(long, default_value_t = 16)]
+        assign_concurrency: usize,
+        /// An argument passed on to `bmx harness` (repeatable), e.g.
+        /// `--harness-arg=--store --harness-arg=postgres://...`.
+        #[arg(long = "harness-arg", allow_hyphen_values = true)]
+        harness_args: Vec<String>,
+        /// Skip the baseline peer.
+        #[arg(long)]
+        no_baseline: bool,
+        /// Token bumps of the fencing row.
+        #[arg(long, default_value_t = 1_000_000)]
+        fencing_ops: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The harness benchmark's baseline server.
+    #[command(hide = true)]
+    HarnessPeer {
+        #[arg(long)]
+        listen: String,
+        #[arg(long)]
+        tokens_file: std::path::PathBuf,
+    },
+    /// The harness benchmark's simulated executors.
+    #[command(hide = true)]
+    HarnessLoad {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        api: String,
+        #[arg(long)]
+        executors: usize,
+        #[arg(long)]
+        warmup_secs: u64,
+        #[arg(long)]
+        window_secs: u64,
+        #[arg(long)]
+        assign_secs: u64,
+        #[arg(long)]
+        assign_concurrency: usize,
     },
     /// The benchmarks' producer: write N bytes to stdout.
     #[command(hide = true)]
@@ -238,6 +296,65 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 subscribers,
             };
             report("visor", json, visor::run(&opts).await, |r| r.table())
+        }
+        BenchCommand::Harness {
+            executors,
+            warmup_secs,
+            window_secs,
+            assign_secs,
+            assign_concurrency,
+            harness_args,
+            no_baseline,
+            fencing_ops,
+            json,
+        } => {
+            let opts = harness::HarnessOptions {
+                executors: executors.into_iter().filter(|&n| n > 0).collect(),
+                warmup_secs,
+                window_secs: window_secs.max(1),
+                assign_secs,
+                assign_concurrency: assign_concurrency.max(1),
+                harness_args,
+                fencing_ops,
+                baseline: !no_baseline,
+            };
+            report("harness", json, harness::run(&opts).await, |r| r.table())
+        }
+        BenchCommand::HarnessPeer {
+            listen,
+            tokens_file,
+        } => match harness::peer_main(&listen, &tokens_file).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bmx bench harness-peer: {e}");
+                ExitCode::from(1)
+            }
+        },
+        BenchCommand::HarnessLoad {
+            url,
+            api,
+            executors,
+            warmup_secs,
+            window_secs,
+            assign_secs,
+            assign_concurrency,
+        } => {
+            let opts = harness::LoadOptions {
+                url,
+                api,
+                executors,
+                warmup_secs,
+                window_secs,
+                assign_secs,
+                assign_concurrency,
+            };
+            match harness::load_main(&opts).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bmx bench harness-load: {e}");
+                    ExitCode::from(1)
+                }
+            }
         }
         BenchCommand::Scale {
             sessions,

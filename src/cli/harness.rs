@@ -216,6 +216,9 @@ fn signal() -> impl std::future::Future<Output = ()> {
 }
 
 pub async fn run_harness(args: HarnessArgs) -> ExitCode {
+    // One descriptor per executor connection: a harness holding thousands
+    // of executors needs more than the usual soft limit of 1024.
+    bmx::process::sys::raise_nofile_limit();
     let builder = match args.into_builder() {
         Ok(b) => b,
         Err(e) => {

@@ -190,12 +190,22 @@ pub struct ServiceRegistration {
 ///
 /// 404 for an unknown session (-32011) or a key the session has no
 /// `service` server for (-32014, `reason: unknown_server`), 410 for an
-/// ended session, 400 for a bad url or timeout (the url is never echoed).
+/// ended session, 400 for a bad url or timeout (checked before the
+/// session is looked up; the url is never echoed).
 pub fn register_service(
     shared: &Shared,
     session_id: &str,
     reg: ServiceRegistration,
 ) -> Result<(), ApiError> {
+    // The body first: a bad registration is a 400 whatever the session's
+    // state, and nothing is looked up for it.
+    check_str("url", &reg.url, MAX_PATH_CHARS)?;
+    if !(reg.url.starts_with("http://") || reg.url.starts_with("https://")) {
+        return Err(bad("url must be an http:// or https:// URL"));
+    }
+    if reg.timeout_ms.is_some_and(|ms| ms == 0 || ms > 3_600_000) {
+        return Err(bad("timeoutMs must be 1 to 3600000"));
+    }
     {
         let info = shared
             .sessions
@@ -219,13 +229,6 @@ pub fn register_service(
                 .with_reason("unknown_server"),
             ));
         }
-    }
-    check_str("url", &reg.url, MAX_PATH_CHARS)?;
-    if !(reg.url.starts_with("http://") || reg.url.starts_with("https://")) {
-        return Err(bad("url must be an http:// or https:// URL"));
-    }
-    if reg.timeout_ms.is_some_and(|ms| ms == 0 || ms > 3_600_000) {
-        return Err(bad("timeoutMs must be 1 to 3600000"));
     }
     let timeout = reg
         .timeout_ms

@@ -75,6 +75,11 @@ pub(crate) async fn register_service(
                 e.column()
             )))
         })?;
+    // Parsed above without echoing the url; parsed again (it is at most
+    // 64 KiB) only to refuse `null` members as every other body does.
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) {
+        super::refuse_null_members(&v)?;
+    }
     let key = reg.server_key.clone();
     crate::harness::api::mcp::register_service(&app.shared, &id, reg)?;
     Ok((

@@ -379,6 +379,45 @@ async fn connect(State(app): State<App>, req: Request) -> Response {
 
 /// Parse a JSON body; an empty body is `{}`. A body must be an object,
 /// and its id fields obey the id rule ([`crate::wire::id`]).
+/// A member of a body given as `null`. No request schema of the API has a
+/// nullable member (docs/api.md), so `null` is refused rather than read as
+/// "absent": what the server accepts is exactly what the OpenAPI document
+/// says (a client that means absent leaves the member out). Free-form
+/// values (`metadata`, a tool's `input`) are not looked into.
+pub(crate) fn refuse_null_members(v: &serde_json::Value) -> Result<(), ApiError> {
+    match null_member(v) {
+        Some(k) => {
+            let name: String = k.chars().take(64).collect();
+            Err(ApiError::bad_request(format!(
+                "{name:?}: null is not allowed; leave the member out"
+            )))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Members whose values are the client's own JSON, kept as given.
+const FREE_FORM_MEMBERS: [&str; 3] = ["metadata", "input", "resources"];
+
+/// The name of the first member that is `null`, in objects at any depth
+/// (also inside arrays), not looking into [`FREE_FORM_MEMBERS`]. The depth
+/// is bounded by the JSON parser's own nesting limit (128).
+fn null_member(v: &serde_json::Value) -> Option<&str> {
+    match v {
+        serde_json::Value::Object(o) => o.iter().find_map(|(k, v)| {
+            if v.is_null() {
+                Some(k.as_str())
+            } else if FREE_FORM_MEMBERS.contains(&k.as_str()) {
+                None
+            } else {
+                null_member(v)
+            }
+        }),
+        serde_json::Value::Array(a) => a.iter().find_map(null_member),
+        _ => None,
+    }
+}
+
 fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
@@ -390,6 +429,7 @@ fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     if !v.is_object() {
         return Err(ApiError::bad_request("body must be a JSON object"));
     }
+    refuse_null_members(&v)?;
     crate::wire::id::check_fields(&v).map_err(ApiError::invalid_id)?;
     serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
@@ -522,7 +562,7 @@ pub(crate) fn decode_body_for_fuzz(selector: u8, bytes: &Bytes) {
         1 => check(process_start_body(bytes, "s1")),
         2 => check(body::<StdinBody>(bytes)),
         3 => check(body::<TerminateBody>(bytes)),
-        4 => check(body::<ToolCall>(bytes)),
+        4 => check(tool_call_body(bytes)),
         _ => check(body::<OpenTerminal>(bytes)),
     }
 }
@@ -617,12 +657,23 @@ async fn terminate(
     Ok(Json(r).into_response())
 }
 
+/// A `POST …/tools` body: `input`, when given, is an object (every tool's
+/// input is one; the executor would refuse anything else, but the body is
+/// checked here, before the session is looked up).
+fn tool_call_body(bytes: &Bytes) -> Result<ToolCall, ApiError> {
+    let call: ToolCall = body(bytes)?;
+    if !(call.input.is_object() || call.input.is_null()) {
+        return Err(ApiError::bad_request("input must be a JSON object"));
+    }
+    Ok(call)
+}
+
 async fn call_tool(
     State(app): State<App>,
     Path(id): Path<String>,
     bytes: Bytes,
 ) -> Result<Response, ApiError> {
-    let call: ToolCall = body(&bytes)?;
+    let call = tool_call_body(&bytes)?;
     let r = app.sessions().session(&id).call_tool(call).await?;
     Ok(Json(r).into_response())
 }
@@ -678,4 +729,36 @@ async fn attach_terminal(
 
 async fn relay_dial(State(app): State<App>, Path(ticket): Path<String>, req: Request) -> Response {
     relay::executor_dial(app.shared.clone(), ticket, req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn null_members_are_found_at_any_depth_but_not_in_free_form_values() {
+        assert_eq!(null_member(&json!({"a": 1, "b": null})), Some("b"));
+        assert_eq!(
+            null_member(&json!({"config": {"thinkingLevel": null}})),
+            Some("thinkingLevel")
+        );
+        assert_eq!(null_member(&json!({"servers": [{"k": null}]})), Some("k"));
+        assert_eq!(null_member(&json!({"metadata": null})), Some("metadata"));
+        assert_eq!(null_member(&json!({"metadata": {"k": null}})), None);
+        assert_eq!(null_member(&json!({"input": {"limit": null}})), None);
+        assert_eq!(null_member(&json!({"a": [1, "x", {"b": 2}]})), None);
+    }
+
+    #[test]
+    fn bodies_refuse_nulls_and_tool_input_must_be_an_object() {
+        let b = |s: &str| Bytes::from(s.to_owned());
+        let e = body::<CreateSession>(&b(r#"{"restoreFrom": null}"#)).unwrap_err();
+        assert_eq!(e.into_response().status(), 400);
+        assert!(body::<CreateSession>(&b(r#"{"metadata": {"k": null}}"#)).is_ok());
+        let e = tool_call_body(&b(r#"{"tool": "bash", "input": [null, null]}"#)).unwrap_err();
+        assert_eq!(e.into_response().status(), 400);
+        assert!(tool_call_body(&b(r#"{"tool": "list_files"}"#)).is_ok());
+        assert!(tool_call_body(&b(r#"{"tool": "bash", "input": {"command": "true"}}"#)).is_ok());
+    }
 }

@@ -236,6 +236,8 @@ fn count_queries(params: &mut Value) {
                 .is_some_and(|n| COUNT_QUERIES.contains(&n));
         if is_count && p["schema"]["type"] == "integer" {
             p["schema"]["minimum"] = json!(0);
+            // Read as u64 by the server; a larger number is a 400.
+            p["schema"]["maximum"] = json!(u64::MAX);
         }
     }
 }
@@ -273,7 +275,7 @@ fn turn_schemas() -> Value {
           "effective": {"type": "object", "description": "the configuration the executor applied (agent, model, ...)"},
           "executorSessionRef": {"type": "string"}, "resumed": {"type": "boolean"}}},
       "MoreInput": {"type": "object", "additionalProperties": false, "required": ["input"], "properties": {
-          "input": {"$ref": "#/components/schemas/TurnInput"}, "inputId": {"type": "string", "maxLength": 128}}},
+          "input": {"$ref": "#/components/schemas/TurnInput"}, "inputId": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[^\\u0000-\\u001f\\u007f]*$", "description": "1 to 128 characters, no control characters"}}},
       "InputAccepted": {"type": "object", "properties": {"accepted": {"type": "boolean"}, "inputId": {"type": "string"}}},
       "CancelTurn": {"type": "object", "additionalProperties": false, "properties": {"reason": {"type": "string", "maxLength": 256}}},
       "TurnCanceled": {"type": "object", "properties": {"canceled": {"type": "boolean", "description": "false when the turn had already finished"}}},
@@ -307,7 +309,7 @@ fn turn_paths() -> Value {
     let iid = json!({"name": "interactionId", "in": "path", "required": true, "schema": {"type": "string"}, "description": "the executor's interactionId"});
     let after = json!({"name": "after", "in": "query", "schema": {"type": "integer", "minimum": 0, "default": 0},
         "description": "the last sequence the client has (0: from the oldest kept); Last-Event-ID wins when both are given"});
-    let last_id = json!({"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}, "description": "sent by EventSource on reconnect: resume after this sequence"});
+    let last_id = json!({"name": "Last-Event-ID", "in": "header", "schema": {"type": "string", "pattern": "^[ \t]*[0-9]{0,19}[ \t]*$"}, "description": "sent by EventSource on reconnect: resume after this sequence (empty: as if absent)"});
     let stream_errors = |mut r: Value| {
         let m = r.as_object_mut().expect("object");
         m.insert("400".into(), err("bad after / Last-Event-ID, or after beyond the last event (reason after_beyond_last)"));
@@ -523,7 +525,7 @@ fn terminal_schemas() -> Value {
     json!({
       "OpenTerminal": {"type": "object", "additionalProperties": false, "properties": {
           "terminalId": {"type": "string", "description": "default: a fresh t-<uuid>; 1-128 characters, no '/'"},
-          "kind": {"type": "string"}, "argv": {"type": "array", "items": {"type": "string"}},
+          "kind": {"type": "string"}, "argv": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "default: the shell; when given, not empty"},
           "shell": {"type": "string"}, "cwd": {"type": "string"},
           "env": {"type": "object", "additionalProperties": {"type": "string"}},
           "cols": {"type": "integer", "default": 80}, "rows": {"type": "integer", "default": 24}}},
@@ -591,7 +593,8 @@ fn base() -> Value {
           "CreateSession": {"type": "object", "properties": {"executorId": {"type": "string"}, "sessionId": {"type": "string"}, "metadata": {"type": "object"},
               "mcpServers": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/McpServerSpec"}, "description": "sent in session.assign; keys unique"},
               "restoreFrom": {"type": "object", "additionalProperties": false, "description": "start from a workspace backup: exactly one of backupId (of sessionId, default any session's, newest) and artifactId; unpacked before session.ready. A failed restore leaves the session not ready with status error and statusDetail restore_failed: <code>: <message>", "properties": {
-                "backupId": {"type": "string"}, "sessionId": {"type": "string"}, "artifactId": {"type": "string"}}}}},
+                "backupId": {"type": "string"}, "sessionId": {"type": "string"}, "artifactId": {"type": "string"}},
+                "oneOf": [{"required": ["backupId"], "not": {"required": ["artifactId"]}}, {"required": ["artifactId"], "not": {"required": ["backupId"]}}]}}},
           "Session": {"type": "object", "properties": {
               "sessionId": {"type": "string"}, "executorId": {"type": "string"}, "connectionId": {"type": "string"},
               "fencingToken": {"type": "integer"}, "leaseToken": {"type": "string"},
@@ -639,7 +642,7 @@ fn base() -> Value {
           "Terminate": {"type": "object", "properties": {"graceMs": {"type": "integer"}}},
           "Accepted": {"type": "object", "properties": {"accepted": {"type": "boolean"}}},
           "ToolCall": {"type": "object", "required": ["tool"], "properties": {
-              "tool": {"type": "string", "example": "bash"}, "input": {"type": "object", "example": {"command": "echo hi"}},
+              "tool": {"type": "string", "minLength": 1, "example": "bash"}, "input": {"type": "object", "example": {"command": "echo hi"}},
               "toolCallId": {"type": "string"}, "deadlineMs": {"type": "integer"}}},
           "ToolResult": {"type": "object", "properties": {
               "sessionId": {"type": "string"}, "toolCallId": {"type": "string"}, "outcome": {"type": "string", "enum": ["succeeded", "failed", "canceled"]},
@@ -677,7 +680,7 @@ fn base() -> Value {
           "get": {"summary": "process.read (data in base64)", "responses": session_errors(json!({"200": ok("read result", "ProcessRead")}))}},
         "/v1/sessions/{id}/processes/{pid}/stdin": {
           "parameters": [sid(), pid()],
-          "post": {"summary": Method::ProcessWrite.as_str(), "requestBody": body("Stdin", true), "responses": session_errors(json!({"200": ok("accepted", "Accepted"), "413": err("too large (-32013)")}))}},
+          "post": {"summary": Method::ProcessWrite.as_str(), "requestBody": body("Stdin", false), "responses": session_errors(json!({"200": ok("accepted", "Accepted"), "413": err("too large (-32013)")}))}},
         "/v1/sessions/{id}/processes/{pid}/interrupt": {
           "parameters": [sid(), pid()],
           "post": {"summary": "process.interrupt (SIGINT to the group)", "responses": session_errors(json!({"200": ok("process state", "ProcessState")}))}},
@@ -687,7 +690,7 @@ fn base() -> Value {
         "/v1/sessions/{id}/files/uploads/{path}": {
           "parameters": [sid(), {"name": "path", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1}, "description": "the file under uploads/: plain names joined by /"}],
           "put": {"summary": "Put a file into the session's uploads/ (the body is the file; a file-transfer process writes it whole)",
-            "parameters": [{"name": "If-Match", "in": "header", "schema": {"type": "string"}, "description": "\"sha256:<hex>\": the file must have this digest now"},
+            "parameters": [{"name": "If-Match", "in": "header", "schema": {"type": "string", "pattern": "^\"?sha256:[0-9a-f]{64}\"?$"}, "description": "\"sha256:<hex>\": the file must have this digest now"},
                            {"name": "If-None-Match", "in": "header", "schema": {"type": "string", "enum": ["*"]}, "description": "*: the file must not exist"}],
             "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
             "responses": session_errors(json!({"200": ok("the file, written", "FileTransferResult"),
