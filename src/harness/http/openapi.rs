@@ -226,6 +226,62 @@ fn conform(doc: &mut Value) {
             schema.insert("additionalProperties".into(), json!(false));
         }
     }
+    unsigned_inputs(doc);
+}
+
+/// Every integer a request body can hold is read as an unsigned number by
+/// the server (counts, sizes, milliseconds, cursors): say `minimum: 0`
+/// wherever the schema gives no minimum of its own. Walks the schemas
+/// reachable from a request body, following `$ref`s once each.
+fn unsigned_inputs(doc: &mut Value) {
+    fn refs(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                if let Some(r) = o.get("$ref").and_then(Value::as_str) {
+                    if let Some(name) = r.strip_prefix("#/components/schemas/") {
+                        out.push(name.to_owned());
+                    }
+                }
+                o.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    fn floor(v: &mut Value) {
+        match v {
+            Value::Object(o) => {
+                if o.get("type").and_then(Value::as_str) == Some("integer")
+                    && !o.contains_key("minimum")
+                {
+                    o.insert("minimum".into(), json!(0));
+                }
+                o.values_mut().for_each(floor);
+            }
+            Value::Array(a) => a.iter_mut().for_each(floor),
+            _ => {}
+        }
+    }
+    let mut todo = Vec::new();
+    if let Some(paths) = doc["paths"].as_object() {
+        for item in paths.values() {
+            for op in item.as_object().into_iter().flat_map(|o| o.values()) {
+                if let Some(b) = op.get("requestBody") {
+                    refs(b, &mut todo);
+                }
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        if let Some(schema) = doc["components"]["schemas"].get_mut(&name) {
+            floor(schema);
+            refs(schema, &mut todo);
+        }
+    }
 }
 
 fn count_queries(params: &mut Value) {
@@ -408,7 +464,7 @@ fn mcp_schemas() -> Value {
       "McpServers": {"type": "object", "properties": {"servers": {"type": "array", "items": {"$ref": "#/components/schemas/McpServer"}}}},
       "McpServiceRegistration": {"type": "object", "required": ["serverKey", "url"], "additionalProperties": false, "properties": {
           "serverKey": {"type": "string", "description": "a service server of the session"},
-          "url": {"type": "string", "description": "the service's Streamable HTTP MCP endpoint, http:// or https://; kept on the harness, never echoed, listed or logged"},
+          "url": {"type": "string", "pattern": "^https?://", "description": "the service's Streamable HTTP MCP endpoint, http:// or https://; kept on the harness, never echoed, listed or logged"},
           "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 3600000, "description": "one request to the service, at most (default 60000)"}}},
       "JsonRpcMessage": {"type": "object", "required": ["jsonrpc"], "description": "one MCP JSON-RPC message (request, notification or response); batches are refused", "properties": {
           "jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"description": "a string or an integer; null in the answer to a message whose id could not be read"},
@@ -528,7 +584,7 @@ fn terminal_schemas() -> Value {
           "kind": {"type": "string"}, "argv": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "default: the shell; when given, not empty"},
           "shell": {"type": "string"}, "cwd": {"type": "string"},
           "env": {"type": "object", "additionalProperties": {"type": "string"}},
-          "cols": {"type": "integer", "default": 80}, "rows": {"type": "integer", "default": 24}}},
+          "cols": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 80}, "rows": {"type": "integer", "minimum": 1, "maximum": 4096, "default": 24}}},
       "Terminal": {"type": "object", "properties": {
           "terminalId": {"type": "string"}, "executorId": {"type": "string"}, "pid": {"type": "integer"},
           "cols": {"type": "integer"}, "rows": {"type": "integer"}, "createdAt": {"type": "string"},
@@ -629,7 +685,7 @@ fn base() -> Value {
           "FileTransfer": {"type": "object", "required": ["direction", "localPath"], "description": "a file-transfer process (docs/protocol.md, File transfers); the harness fills in the data path (downloadUrl, downloadToken, upload)", "properties": {
               "direction": {"type": "string", "enum": ["download", "upload"]},
               "localPath": {"type": "string", "description": "relative to the workspace, no .."},
-              "expectedDigest": {"type": "string", "description": "the digest the local file must have now (\"\": must not exist); otherwise error conflict with currentDigest"},
+              "expectedDigest": {"type": "string", "pattern": "^(sha256:[0-9a-fA-F]{64})?$", "description": "the digest the local file must have now (\"\": must not exist); otherwise error conflict with currentDigest"},
               "digest": {"type": "string", "description": "download: the blob (sha256:<hex>)"},
               "artifactId": {"type": "string", "description": "download: the blob of this artifact"},
               "maxBytes": {"type": "integer", "minimum": 0}}},
@@ -756,5 +812,26 @@ mod tests {
             let name: String = r.chars().take_while(|c| c.is_alphanumeric()).collect();
             assert!(doc["components"]["schemas"].get(&name).is_some(), "{name}");
         }
+    }
+}
+
+#[cfg(test)]
+mod input_tests {
+    #[test]
+    fn request_integers_are_unsigned_and_responses_are_left_alone() {
+        let doc = super::document();
+        let s = &doc["components"]["schemas"];
+        // A request body, and a schema it reaches through a $ref.
+        assert_eq!(s["ToolCall"]["properties"]["deadlineMs"]["minimum"], 0);
+        assert_eq!(
+            s["FileTransfer"]["properties"]["maxBytes"]["minimum"], 0,
+            "reached from ProcessStart"
+        );
+        // A minimum of its own is kept.
+        assert_eq!(s["OpenTerminal"]["properties"]["cols"]["minimum"], 1);
+        // Response-only schemas keep signed integers (an exit code).
+        assert!(s["ProcessState"]["properties"]["exitCode"]
+            .get("minimum")
+            .is_none());
     }
 }
