@@ -19,7 +19,7 @@ pub mod sqlite;
 use crate::harness::enroll::Enrollment;
 use serde::Serialize;
 
-pub use durable::DurableState;
+pub use durable::{Commit, DurableBackend, DurableState};
 pub use sqlite::SqliteStore;
 
 /// Why a store call failed.
