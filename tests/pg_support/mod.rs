@@ -3,7 +3,8 @@
 //! `scripts/test.sh` starts a throwaway server and exports `BMX_TEST_PG`,
 //! a URL of a database to create others from. Each test gets a database
 //! of its own (created here, dropped when the guard goes), so tests run in
-//! parallel. Without `BMX_TEST_PG` a test skips with a loud message,
+//! parallel. Without `BMX_TEST_PG` a test skips with a loud message
+//! (written past the test harness's capture),
 //! except under CI (`CI` set), where it fails: CI must run them.
 
 #![allow(dead_code)]
@@ -24,7 +25,12 @@ pub fn fresh(label: &str) -> Option<TestDb> {
         if std::env::var_os("CI").is_some() {
             panic!("BMX_TEST_PG is not set under CI: scripts/test.sh starts PostgreSQL");
         }
-        eprintln!(
+        // Straight to the stderr handle, not `eprintln!`: the test
+        // harness captures the macro's output of a passing test, and a
+        // skip must be seen.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
             "\n!!! SKIPPED {label}: BMX_TEST_PG is not set (scripts/test.sh starts a \
              throwaway PostgreSQL and sets it) !!!\n"
         );
