@@ -46,4 +46,9 @@ if [ ! -x target/py/bin/st ] || ! grep -qx "$st_pin" target/py/.bmx-st 2>/dev/nu
   echo "$st_pin" > target/py/.bmx-st
 fi
 
+# Issue 17: a throwaway PostgreSQL for the PostgreSQL store's tests
+# (BMX_TEST_PG), stopped on exit, failure included.
+. scripts/pg.sh
+pg_start
+
 cargo test --profile tests "$@"

@@ -51,6 +51,12 @@ pub struct HarnessArgs {
     /// Default: `$BMX_HOME/harness`, else `~/.bmx/harness`.
     #[arg(long, env = "BMX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where the state above is kept instead: `sqlite` (the default, in
+    /// `--data-dir`) or a `postgres://user:pw@host:port/db` URL shared by
+    /// harnesses (docs/store.md). Blobs stay in `--data-dir`. A password in
+    /// the URL is never printed.
+    #[arg(long, env = "BMX_STORE", hide_env_values = true)]
+    pub store: Option<String>,
     /// How long a device enrollment waits for approval, in seconds.
     #[arg(long, default_value_t = 900)]
     pub enrollment_ttl_secs: u64,
@@ -141,6 +147,46 @@ fn parse_token(line: &str) -> Result<(String, String), String> {
     Ok((id.to_owned(), secret.to_owned()))
 }
 
+/// The enrollment store and the durable state over the store `--store`
+/// names: SQLite in `data_dir` by default, or PostgreSQL. Errors name a
+/// PostgreSQL URL only with its password redacted.
+fn open_store(
+    store: Option<&str>,
+    data_dir: &std::path::Path,
+) -> Result<
+    (
+        std::sync::Arc<dyn bmx::harness::store::Store>,
+        bmx::harness::store::DurableState,
+    ),
+    String,
+> {
+    use bmx::harness::store::{postgres, DurableState, PgStore, SqliteStore};
+    match store {
+        None | Some("sqlite") => {
+            let db = std::sync::Arc::new(
+                SqliteStore::open_dir(data_dir)
+                    .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?,
+            );
+            let durable = DurableState::open(db.clone())
+                .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
+            Ok((db, durable))
+        }
+        Some(url) if postgres::is_postgres_url(url) => {
+            let shown = postgres::redact(url);
+            let db = std::sync::Arc::new(
+                PgStore::connect(url).map_err(|e| format!("--store {shown}: {e}"))?,
+            );
+            let durable =
+                DurableState::open(db.clone()).map_err(|e| format!("--store {shown}: {e}"))?;
+            Ok((db, durable))
+        }
+        Some(other) => Err(format!(
+            "--store {}: expected `sqlite` or a postgres:// URL",
+            postgres::redact(other)
+        )),
+    }
+}
+
 impl HarnessArgs {
     pub fn into_builder(self) -> Result<HarnessBuilder, String> {
         let mut tokens = Vec::new();
@@ -160,12 +206,7 @@ impl HarnessArgs {
             .data_dir
             .clone()
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
-        let store = std::sync::Arc::new(
-            bmx::harness::store::SqliteStore::open_dir(&data_dir)
-                .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?,
-        );
-        let durable = bmx::harness::store::DurableState::open(store.clone())
-            .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
+        let (store, durable) = open_store(self.store.as_deref(), &data_dir)?;
         // Artifacts (issue 15): content-addressed files under the data dir.
         let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
             .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;

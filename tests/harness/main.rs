@@ -4,6 +4,8 @@
 
 #[path = "../harness_common/mod.rs"]
 mod harness_common;
+#[path = "../pg_support/mod.rs"]
+mod pg_support;
 #[path = "../support/mod.rs"]
 mod support;
 

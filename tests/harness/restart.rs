@@ -4,7 +4,9 @@
 //! port and data dir. The session is known again with its fencing token,
 //! the executor resumes it, the result of the call in flight is delivered
 //! once, a fresh assign gets a larger fencing token, and nothing is left
-//! running.
+//! running. Twice: with the embedded store, and with `--store
+//! postgres://…` on a fresh database of the test server (`BMX_TEST_PG`;
+//! skipped loudly without it, failed under CI).
 
 use bmx::client::ApiClient;
 use serde_json::{json, Value};
@@ -60,13 +62,14 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn harness(port: u16, data: &Path) -> Guard {
+fn harness(port: u16, data: &Path, store: Option<&str>) -> Guard {
     let child = Command::new(BMX)
         .args(["harness", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--token", &format!("{EXEC}={TOKEN}")])
         .args(["--heartbeat-ms", "500", "--lease-ttl-ms", "20000"])
         .arg("--data-dir")
         .arg(data)
+        .args(store.map(|url| ["--store", url]).into_iter().flatten())
         .env("RUST_LOG", "warn")
         .env_remove("BMX_API_TOKEN")
         .stdout(Stdio::null())
@@ -138,6 +141,21 @@ fn processes_with(needle: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_restart_keeps_sessions_results_and_fencing() {
+    scenario(None, "2.1717").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_restart_over_postgres_keeps_sessions_results_and_fencing() {
+    let Some(db) = super::pg_support::fresh("restart") else {
+        return;
+    };
+    scenario(Some(&db.url), "2.1719").await;
+}
+
+/// The whole scenario over `store` (`None`: SQLite in the data dir); the
+/// tool call sleeps `sleep` seconds, unique per test so its process is
+/// found among those of tests running beside it.
+async fn scenario(store: Option<&str>, sleep: &str) {
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let marks = tempfile::tempdir().unwrap();
@@ -146,7 +164,7 @@ async fn sigkill_restart_keeps_sessions_results_and_fencing() {
         .unwrap()
         .timeout(Duration::from_secs(30));
 
-    let mut h = harness(port, data.path());
+    let mut h = harness(port, data.path(), store);
     until("the harness", || async {
         client.get("/v1/health").await.ok().filter(|r| r.0 == 200)
     })
@@ -168,7 +186,7 @@ async fn sigkill_restart_keeps_sessions_results_and_fencing() {
     // The unique sleep length finds its process later.
     let runs = marks.path().join("runs");
     let command = format!(
-        "echo run >> {}; sleep 2.1717; echo done-sleeping",
+        "echo run >> {}; sleep {sleep}; echo done-sleeping",
         runs.display()
     );
     let call = json!({"tool": "bash", "input": {"command": command}, "toolCallId": "slow-1"});
@@ -197,7 +215,7 @@ async fn sigkill_restart_keeps_sessions_results_and_fencing() {
     );
 
     // Same port, same data dir.
-    let mut h = harness(port, data.path());
+    let mut h = harness(port, data.path(), store);
     let restored = until("the restarted harness to list s1", || {
         session(&client, "s1")
     })
@@ -255,7 +273,7 @@ async fn sigkill_restart_keeps_sessions_results_and_fencing() {
     // not send it again, so only the store can answer.
     let status = h.signal(nix::sys::signal::Signal::SIGKILL);
     assert!(!status.success());
-    let mut h = harness(port, data.path());
+    let mut h = harness(port, data.path(), store);
     until("the second restart", || session(&client, "s2")).await;
     let (status, again) = client.post("/v1/sessions/s1/tools", &call).await.unwrap();
     assert_eq!(status, 200, "{again}");
@@ -279,7 +297,7 @@ async fn sigkill_restart_keeps_sessions_results_and_fencing() {
         assert_eq!(status, 200, "{ended}");
         assert_eq!(ended["state"], "ended", "{ended}");
     }
-    assert!(processes_with("sleep 2.1717").is_empty());
+    assert!(processes_with(&format!("sleep {sleep}")).is_empty());
     let (_, list) = client.get("/v1/sessions").await.unwrap();
     for s in list["sessions"].as_array().unwrap() {
         assert_eq!(s["state"], "ended", "{s}");

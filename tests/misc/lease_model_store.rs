@@ -13,6 +13,9 @@
 //!
 //! Two more tests: threads racing for tokens on one store, and two stores
 //! (two processes) over one database file, never share a token.
+//!
+//! `run` and `next` take the store to reopen as a closure: `lease_model_pg`
+//! runs the same model over the PostgreSQL store.
 
 use bmx::harness::store::{DurableState, SqliteStore};
 use bmx::lease::{ConnId, LeaseError, LeaseStore, LeaseTable, MemoryLeaseStore};
@@ -28,7 +31,7 @@ const SESSIONS: [&str; 4] = ["s0", "s1", "s2", "s3"];
 const TTL: u64 = 1_000;
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(crate) enum Op {
     Register { exec: usize, resume: Vec<usize> },
     Disconnect { exec: usize },
     Assign { session: usize, exec: usize },
@@ -38,7 +41,7 @@ enum Op {
     Restart,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(crate) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0..EXECUTORS.len(), vec(0..SESSIONS.len(), 0..3))
             .prop_map(|(exec, resume)| Op::Register { exec, resume }),
@@ -54,7 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// The next token, retrying while the next block is being reserved
 /// (bounded: a reservation is one small write).
-fn next(store: &DurableState, session: &str) -> u64 {
+pub(crate) fn next(store: &DurableState, session: &str) -> u64 {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         if let Some(t) = store.next_fencing_token(session) {
@@ -92,10 +95,10 @@ impl Twin {
     }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let dir = tempfile::tempdir().unwrap();
+/// Run `ops` over the store `open` opens (again at every restart).
+pub(crate) fn run(ops: Vec<Op>, open: &dyn Fn() -> DurableState) -> Result<(), TestCaseError> {
     let memory = Arc::new(MemoryLeaseStore::new());
-    let mut store = open(dir.path());
+    let mut store = open();
     let mut t = Twin::new(&store, &memory);
     let mut now = 0u64;
     let mut next_conn = 1u64;
@@ -164,7 +167,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // What a SIGKILL leaves: the file. Nothing of the table.
                 store.shutdown();
                 drop(t);
-                store = open(dir.path());
+                store = open();
                 t = Twin::new(&store, &memory);
                 live.clear();
             }
@@ -191,7 +194,8 @@ proptest! {
 
     #[test]
     fn durable_table_matches_memory_and_never_reuses_tokens(ops in vec(op(), 1..40)) {
-        run(ops)?;
+        let dir = tempfile::tempdir().unwrap();
+        run(ops, &|| open(dir.path()))?;
     }
 }
 

@@ -5,6 +5,10 @@
 mod cli_logs;
 mod fuzz;
 mod lease_model;
+mod lease_model_pg;
 mod lease_model_store;
+#[path = "../pg_support/mod.rs"]
+mod pg_support;
+mod store_pg;
 mod tools_race;
 mod wire_pending;

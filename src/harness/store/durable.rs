@@ -1,8 +1,8 @@
-//! Durable harness state over the embedded store (docs/store.md): the
+//! Durable harness state over a [`DurableBackend`] (docs/store.md): the
 //! fencing high-water mark, the platform's sessions and the tool results
 //! acknowledged to executors.
 //!
-//! SQLite calls block, and the leases actor that decides leases runs on the
+//! Database calls block, and the leases actor that decides leases runs on the
 //! async threads, so nothing here writes on the caller's thread. Writes are
 //! queued and a dedicated writer thread commits them in batches, one
 //! transaction each; a caller that must not go on before its write is
@@ -27,11 +27,10 @@
 //!   acknowledged) and handed to the platform only after they are durable:
 //!   a crash before the commit means the executor sends the result again.
 
-use super::{SqliteStore, StoreError};
+use super::StoreError;
 use crate::harness::types::{SessionInfo, SessionState};
 use crate::lease::LeaseStore;
 use crate::wire::types::ToolResultParams;
-use rusqlite::params;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -82,6 +81,58 @@ pub struct StoredResult {
 /// Run once the write it was queued with is durable.
 pub type AfterCommit = Box<dyn FnOnce() + Send>;
 
+/// One batch the writer thread commits: all of it in one transaction, or
+/// none of it.
+#[derive(Debug)]
+pub struct Commit<'a> {
+    /// The newest snapshot per session id; `None` deletes the session and
+    /// its results.
+    pub sessions: &'a HashMap<String, Option<StoredSession>>,
+    /// Tool results to insert (replacing one of the same session and
+    /// tool call id), oldest first; each session keeps the newest
+    /// [`RESULTS_KEPT_PER_SESSION`].
+    pub results: &'a [StoredResult],
+    /// Reserve a block of this many fencing tokens in the same transaction.
+    pub reserve: Option<u64>,
+}
+
+/// What [`DurableState`] needs from a database: the seam between the
+/// ordering rules (here) and an engine (SQLite in [`super::sqlite`],
+/// PostgreSQL in `super::postgres`). Every call blocks; only the writer
+/// thread and startup call them.
+pub trait DurableBackend: Send + Sync {
+    /// Reserve the next `n` fencing tokens in a transaction of its own,
+    /// committed before this returns: `(first, last)`, strictly above every
+    /// block this database handed out before, to any process.
+    ///
+    /// # Errors
+    ///
+    /// The database fails; nothing was reserved.
+    fn reserve_block(&self, n: u64) -> Result<(u64, u64), StoreError>;
+
+    /// Commit `c` in one transaction; the block reserved, if asked.
+    ///
+    /// # Errors
+    ///
+    /// The database fails; nothing of the batch is written.
+    fn commit(&self, c: &Commit<'_>) -> Result<Option<(u64, u64)>, StoreError>;
+
+    /// The fencing token of every stored session.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    fn session_tokens(&self) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// Every stored session (any order) and the tool results of each
+    /// session's current grant (oldest first).
+    ///
+    /// # Errors
+    ///
+    /// The database fails or a row does not decode.
+    fn load(&self) -> Result<(Vec<StoredSession>, Vec<StoredResult>), StoreError>;
+}
+
 #[derive(Default)]
 struct Batch {
     /// `None`: delete the session (and its results).
@@ -120,7 +171,7 @@ struct Fence {
 }
 
 struct Inner {
-    db: Arc<SqliteStore>,
+    db: Arc<dyn DurableBackend>,
     queue: Mutex<Queue>,
     wake: Condvar,
     fence: Mutex<Fence>,
@@ -160,25 +211,9 @@ impl DurableState {
     /// # Errors
     ///
     /// The reservation cannot be written, or the thread cannot start.
-    pub fn open(db: Arc<SqliteStore>) -> Result<DurableState, StoreError> {
-        let (start, end) = {
-            let mut conn = db.lock();
-            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let block = reserve(&tx)?;
-            tx.commit()?;
-            block
-        };
-        let current = {
-            let conn = db.lock();
-            let mut stmt = conn.prepare("SELECT session_id, fencing_token FROM sessions")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-            let mut m = HashMap::new();
-            for row in rows {
-                let (id, t) = row?;
-                m.insert(id, t as u64);
-            }
-            m
-        };
+    pub fn open(db: Arc<dyn DurableBackend>) -> Result<DurableState, StoreError> {
+        let (start, end) = db.reserve_block(FENCING_BLOCK)?;
+        let current: HashMap<String, u64> = db.session_tokens()?.into_iter().collect();
         tracing::info!(first = start, "fencing tokens reserved");
         let inner = Arc::new(Inner {
             db,
@@ -209,45 +244,7 @@ impl DurableState {
     ///
     /// SQLite fails or a row does not decode.
     pub fn load(&self) -> Result<(Vec<StoredSession>, Vec<StoredResult>), StoreError> {
-        let conn = self.inner.db.lock();
-        let mut stmt = conn.prepare("SELECT info, lease_expires_at_ms FROM sessions")?;
-        let rows = stmt.query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
-        })?;
-        let mut sessions = Vec::new();
-        for row in rows {
-            let (info, expires) = row?;
-            let info: SessionInfo = serde_json::from_str(&info)?;
-            sessions.push(StoredSession {
-                info,
-                lease_expires_at_ms: expires.map(|v| v as u64),
-            });
-        }
-        let mut stmt = conn.prepare(
-            "SELECT r.session_id, r.fencing_token, r.tool_call_id, r.result \
-             FROM tool_results r JOIN sessions s \
-               ON s.session_id = r.session_id AND s.fencing_token = r.fencing_token \
-             ORDER BY r.seq",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-            ))
-        })?;
-        let mut results = Vec::new();
-        for row in rows {
-            let (session_id, token, tool_call_id, result) = row?;
-            results.push(StoredResult {
-                session_id,
-                fencing_token: token as u64,
-                tool_call_id,
-                result: serde_json::from_str(&result)?,
-            });
-        }
-        Ok((sessions, results))
+        self.inner.db.load()
     }
 
     /// Queue the newest snapshot of a session; returns its ticket.
@@ -376,20 +373,8 @@ impl LeaseStore for DurableState {
     }
 }
 
-/// Reserve the next block: `(first, last)` token, strictly above every
-/// block reserved before in this database (by any process).
-fn reserve(tx: &rusqlite::Transaction<'_>) -> Result<(u64, u64), StoreError> {
-    let last: i64 = tx.query_row(
-        "UPDATE fencing SET reserved = reserved + ?1 WHERE id = 1 RETURNING reserved",
-        params![FENCING_BLOCK as i64],
-        |r| r.get(0),
-    )?;
-    let last =
-        u64::try_from(last).map_err(|_| StoreError::Corrupt("negative fencing mark".into()))?;
-    Ok((last - FENCING_BLOCK + 1, last))
-}
-
-fn state_name(s: SessionState) -> &'static str {
+/// The `state` column's value (searchable copy of `info.state`).
+pub fn state_name(s: SessionState) -> &'static str {
     match s {
         SessionState::Assigning => "assigning",
         SessionState::Active => "active",
@@ -397,66 +382,6 @@ fn state_name(s: SessionState) -> &'static str {
         SessionState::Stopping => "stopping",
         SessionState::Ended => "ended",
     }
-}
-
-/// Commit one batch in one transaction; the reserved block, if asked.
-fn write(db: &SqliteStore, b: &Batch) -> Result<Option<(u64, u64)>, StoreError> {
-    let mut conn = db.lock();
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    for (id, row) in &b.sessions {
-        match row {
-            Some(s) => {
-                let i = &s.info;
-                tx.execute(
-                    "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
-                     connection_id, lease_expires_at_ms, ended_reason, info) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-                     ON CONFLICT(session_id) DO UPDATE SET executor_id = excluded.executor_id, \
-                     fencing_token = excluded.fencing_token, state = excluded.state, \
-                     connection_id = excluded.connection_id, \
-                     lease_expires_at_ms = excluded.lease_expires_at_ms, \
-                     ended_reason = excluded.ended_reason, info = excluded.info",
-                    params![
-                        id,
-                        i.executor_id,
-                        i.fencing_token as i64,
-                        state_name(i.state),
-                        i.connection_id,
-                        s.lease_expires_at_ms.map(|v| v as i64),
-                        i.ended_reason,
-                        serde_json::to_string(i)?,
-                    ],
-                )?;
-            }
-            None => {
-                tx.execute("DELETE FROM sessions WHERE session_id = ?1", params![id])?;
-                tx.execute(
-                    "DELETE FROM tool_results WHERE session_id = ?1",
-                    params![id],
-                )?;
-            }
-        }
-    }
-    for r in &b.results {
-        tx.execute(
-            "INSERT OR REPLACE INTO tool_results (session_id, fencing_token, tool_call_id, result) \
-             VALUES (?1, ?2, ?3, ?4)",
-            params![
-                r.session_id,
-                r.fencing_token as i64,
-                r.tool_call_id,
-                serde_json::to_string(&r.result)?,
-            ],
-        )?;
-        tx.execute(
-            "DELETE FROM tool_results WHERE session_id = ?1 AND seq NOT IN \
-             (SELECT seq FROM tool_results WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2)",
-            params![r.session_id, RESULTS_KEPT_PER_SESSION as i64],
-        )?;
-    }
-    let block = if b.reserve { Some(reserve(&tx)?) } else { None };
-    tx.commit()?;
-    Ok(block)
 }
 
 fn run_writer(inner: Arc<Inner>) {
@@ -483,7 +408,12 @@ fn run_writer(inner: Arc<Inner>) {
         let mut pause = Duration::from_millis(50);
         let mut attempts = 0u32;
         let written = loop {
-            match write(&inner.db, &batch) {
+            let commit = Commit {
+                sessions: &batch.sessions,
+                results: &batch.results,
+                reserve: batch.reserve.then_some(FENCING_BLOCK),
+            };
+            match inner.db.commit(&commit) {
                 Ok(block) => break Some(block),
                 Err(e) => {
                     attempts += 1;
@@ -537,7 +467,7 @@ mod tests {
     }
 
     fn open(dir: &std::path::Path) -> DurableState {
-        DurableState::open(Arc::new(SqliteStore::open_dir(dir).unwrap())).unwrap()
+        DurableState::open(Arc::new(super::super::SqliteStore::open_dir(dir).unwrap())).unwrap()
     }
 
     #[tokio::test]

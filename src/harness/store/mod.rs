@@ -3,8 +3,8 @@
 //! [`DurableState`], fencing counters, sessions and acknowledged tool
 //! results (docs/store.md).
 //!
-//! Behind a trait so a scaled-out harness can put PostgreSQL behind the
-//! same calls; the default is embedded SQLite ([`sqlite::SqliteStore`]):
+//! Behind a trait so a harness over a shared database puts PostgreSQL
+//! ([`postgres::PgStore`]) behind the same calls; the default is embedded SQLite ([`sqlite::SqliteStore`]):
 //! no server to run, one file in the data directory, and bundled so every
 //! machine gets the same engine. Secrets are never stored: device codes
 //! and tokens are kept as SHA-256 hashes, and the token itself only exists
@@ -14,12 +14,14 @@
 //! pool (`tokio::task::spawn_blocking`).
 
 pub mod durable;
+pub mod postgres;
 pub mod sqlite;
 
 use crate::harness::enroll::Enrollment;
 use serde::Serialize;
 
-pub use durable::DurableState;
+pub use self::postgres::PgStore;
+pub use durable::{Commit, DurableBackend, DurableState};
 pub use sqlite::SqliteStore;
 
 /// Why a store call failed.
@@ -27,6 +29,9 @@ pub use sqlite::SqliteStore;
 pub enum StoreError {
     #[error("store: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL's errors never hold the connection URL.
+    #[error("store: {0}")]
+    Postgres(#[from] ::postgres::Error),
     #[error("store: {0}")]
     Io(#[from] std::io::Error),
     #[error("store: the database is at schema version {found}, newer than this bmx ({known})")]

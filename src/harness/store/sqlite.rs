@@ -5,8 +5,12 @@
 //! records the last one applied, and a database from a newer bmx is
 //! refused rather than misread.
 
+use super::durable::{
+    state_name, Commit, DurableBackend, StoredResult, StoredSession, RESULTS_KEPT_PER_SESSION,
+};
 use super::{Credential, Store, StoreError};
 use crate::harness::enroll::{Enrollment, Status};
+use crate::harness::types::SessionInfo;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::path::Path;
 use std::sync::Mutex;
@@ -337,6 +341,145 @@ impl Store for SqliteStore {
                 credential_row,
             )
             .optional()?)
+    }
+}
+
+/// Reserve the next block of `n`: `(first, last)` token, strictly above
+/// every block reserved before in this database (by any process).
+fn reserve(tx: &rusqlite::Transaction<'_>, n: u64) -> Result<(u64, u64), StoreError> {
+    let last: i64 = tx.query_row(
+        "UPDATE fencing SET reserved = reserved + ?1 WHERE id = 1 RETURNING reserved",
+        params![n as i64],
+        |r| r.get(0),
+    )?;
+    let last =
+        u64::try_from(last).map_err(|_| StoreError::Corrupt("negative fencing mark".into()))?;
+    Ok((last - n + 1, last))
+}
+
+impl DurableBackend for SqliteStore {
+    fn reserve_block(&self, n: u64) -> Result<(u64, u64), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let block = reserve(&tx, n)?;
+        tx.commit()?;
+        Ok(block)
+    }
+
+    fn session_tokens(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT session_id, fencing_token FROM sessions")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, t) = row?;
+            out.push((id, t as u64));
+        }
+        Ok(out)
+    }
+
+    fn load(&self) -> Result<(Vec<StoredSession>, Vec<StoredResult>), StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT info, lease_expires_at_ms FROM sessions")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+        })?;
+        let mut sessions = Vec::new();
+        for row in rows {
+            let (info, expires) = row?;
+            let info: SessionInfo = serde_json::from_str(&info)?;
+            sessions.push(StoredSession {
+                info,
+                lease_expires_at_ms: expires.map(|v| v as u64),
+            });
+        }
+        let mut stmt = conn.prepare(
+            "SELECT r.session_id, r.fencing_token, r.tool_call_id, r.result \
+             FROM tool_results r JOIN sessions s \
+               ON s.session_id = r.session_id AND s.fencing_token = r.fencing_token \
+             ORDER BY r.seq",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut results = Vec::new();
+        for row in rows {
+            let (session_id, token, tool_call_id, result) = row?;
+            results.push(StoredResult {
+                session_id,
+                fencing_token: token as u64,
+                tool_call_id,
+                result: serde_json::from_str(&result)?,
+            });
+        }
+        Ok((sessions, results))
+    }
+
+    fn commit(&self, c: &Commit<'_>) -> Result<Option<(u64, u64)>, StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        for (id, row) in c.sessions {
+            match row {
+                Some(s) => {
+                    let i = &s.info;
+                    tx.execute(
+                        "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
+                         connection_id, lease_expires_at_ms, ended_reason, info) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                         ON CONFLICT(session_id) DO UPDATE SET executor_id = excluded.executor_id, \
+                         fencing_token = excluded.fencing_token, state = excluded.state, \
+                         connection_id = excluded.connection_id, \
+                         lease_expires_at_ms = excluded.lease_expires_at_ms, \
+                         ended_reason = excluded.ended_reason, info = excluded.info",
+                        params![
+                            id,
+                            i.executor_id,
+                            i.fencing_token as i64,
+                            state_name(i.state),
+                            i.connection_id,
+                            s.lease_expires_at_ms.map(|v| v as i64),
+                            i.ended_reason,
+                            serde_json::to_string(i)?,
+                        ],
+                    )?;
+                }
+                None => {
+                    tx.execute("DELETE FROM sessions WHERE session_id = ?1", params![id])?;
+                    tx.execute(
+                        "DELETE FROM tool_results WHERE session_id = ?1",
+                        params![id],
+                    )?;
+                }
+            }
+        }
+        for r in c.results {
+            tx.execute(
+                "INSERT OR REPLACE INTO tool_results (session_id, fencing_token, tool_call_id, result) \
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    r.session_id,
+                    r.fencing_token as i64,
+                    r.tool_call_id,
+                    serde_json::to_string(&r.result)?,
+                ],
+            )?;
+            tx.execute(
+                "DELETE FROM tool_results WHERE session_id = ?1 AND seq NOT IN \
+                 (SELECT seq FROM tool_results WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2)",
+                params![r.session_id, RESULTS_KEPT_PER_SESSION as i64],
+            )?;
+        }
+        let block = match c.reserve {
+            Some(n) => Some(reserve(&tx, n)?),
+            None => None,
+        };
+        tx.commit()?;
+        Ok(block)
     }
 }
 

@@ -1,0 +1,81 @@
+# Sourced by scripts/test.sh (issue 17): a throwaway PostgreSQL for the
+# tests that run against the PostgreSQL store. Data dir target/pg/data,
+# socket dir target/pg/sock (a /tmp dir when the `postgres` user cannot
+# reach target/), TCP on 127.0.0.1:${BMX_PG_PORT:-55432} only,
+# trust auth for local connections of this machine. Exports BMX_TEST_PG;
+# pg_stop (installed as an EXIT trap by pg_start) stops it.
+#
+# initdb refuses to run as root, so the cluster belongs to `postgres`
+# (runuser) when we are root. Without binaries, Debian's `postgresql` is
+# installed.
+
+pg_bin=""
+pg_root=""
+pg_tmp=""
+
+pg_find() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do
+    if [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ]; then pg_bin=$d; fi
+  done
+  if [ -z "$pg_bin" ] && command -v pg_ctl >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1; then
+    pg_bin=$(dirname "$(command -v pg_ctl)")
+  fi
+}
+
+pg_as() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_stop() {
+  local root=${pg_root:-$PWD/target/pg}
+  if [ -n "${pg_bin:-}" ] && [ -f "$root/data/postmaster.pid" ]; then
+    pg_as "$pg_bin/pg_ctl" -D "$root/data" -m fast -w -t 60 stop >/dev/null 2>&1 || true
+  fi
+  if [ -n "${pg_tmp:-}" ]; then rm -rf "$pg_tmp"; fi
+}
+
+pg_start() {
+  pg_find
+  if [ -z "$pg_bin" ]; then
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
+    else
+      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql
+    fi
+    pg_find
+  fi
+  if [ -z "$pg_bin" ]; then
+    echo "scripts/pg.sh: no PostgreSQL binaries; PostgreSQL tests will skip (fail under CI)" >&2
+    return 0
+  fi
+  local port=${BMX_PG_PORT:-55432}
+  pg_root=$PWD/target/pg
+  # A cluster left by a run that was killed: stop it and start afresh.
+  pg_stop
+  rm -rf "$pg_root"
+  mkdir -p "$pg_root/data" "$pg_root/sock"
+  if [ "$(id -u)" = 0 ]; then
+    chown -R postgres: "$pg_root"
+    # The checkout may sit where `postgres` cannot reach (under /root):
+    # then the cluster goes to a private temporary dir instead.
+    if ! runuser -u postgres -- test -w "$pg_root/data"; then
+      rm -rf "$pg_root"
+      pg_tmp=$(mktemp -d /tmp/bmx-pg.XXXXXX)
+      pg_root=$pg_tmp
+      mkdir -p "$pg_root/data" "$pg_root/sock"
+      chown -R postgres: "$pg_root"
+    fi
+  fi
+  chmod 0700 "$pg_root/data"
+  local root=$pg_root
+  pg_as "$pg_bin/initdb" -D "$root/data" -U postgres -A trust -E UTF8 --no-sync >"$root/initdb.log" 2>&1 ||
+    { cat "$root/initdb.log" >&2; return 1; }
+  trap pg_stop EXIT
+  pg_as "$pg_bin/pg_ctl" -D "$root/data" -l "$root/log" -w -t 60 \
+    -o "-p $port -k $root/sock -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null ||
+    { cat "$root/log" >&2; return 1; }
+  # Tests create a database each from this one.
+  export BMX_TEST_PG="postgres://postgres@127.0.0.1:$port/postgres"
+  echo "scripts/pg.sh: PostgreSQL on 127.0.0.1:$port (BMX_TEST_PG)" >&2
+}
