@@ -1,6 +1,6 @@
 //! Take the daemons' credentials out of their own `/proc` entries (issue
 //! 18, finding 2): once `--token` / `BMX_TOKEN` (and `--api-token` /
-//! `BMX_API_TOKEN`) have been parsed, their values are overwritten in the
+//! `BMX_API_TOKEN`, `--store` / `BMX_STORE`) have been parsed, their values are overwritten in the
 //! memory `/proc/self/cmdline` and `/proc/self/environ` are read from, the
 //! variables are removed from the environment, and the process is made
 //! non-dumpable.
@@ -22,10 +22,11 @@
 
 use std::io;
 
-/// Flags whose values are secrets.
-pub const SECRET_FLAGS: [&str; 2] = ["--token", "--api-token"];
+/// Flags whose values are secrets (`--store`: a PostgreSQL URL may hold a
+/// password).
+pub const SECRET_FLAGS: [&str; 3] = ["--token", "--api-token", "--store"];
 /// Environment variables whose values are secrets.
-pub const SECRET_VARS: [&str; 2] = ["BMX_TOKEN", "BMX_API_TOKEN"];
+pub const SECRET_VARS: [&str; 3] = ["BMX_TOKEN", "BMX_API_TOKEN", "BMX_STORE"];
 
 /// What [`scrub`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -179,6 +180,18 @@ mod tests {
         );
         assert_eq!(done.flags_on_command_line, vec!["--token", "--api-token"]);
         assert_eq!(done.bytes, 9);
+    }
+
+    #[test]
+    fn a_store_url_is_blanked_too() {
+        let mut area = b"bmx\0harness\0--store=postgres://u:pw@h/db\0--tokens-file\0/f\0".to_vec();
+        let mut done = Scrubbed::default();
+        scrub_args(&mut area, &mut done);
+        assert_eq!(
+            area,
+            b"bmx\0harness\0--store=********************\0--tokens-file\0/f\0".to_vec()
+        );
+        assert_eq!(done.flags_on_command_line, vec!["--store"]);
     }
 
     #[test]

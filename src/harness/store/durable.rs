@@ -346,10 +346,14 @@ impl LeaseStore for DurableState {
                     let ask = !f.refilling;
                     f.refilling = true;
                     drop(f);
+                    // Once per refill, not per refused grant: a burst of
+                    // grants must not become a burst of log lines.
                     if ask {
                         self.request_reserve();
+                        tracing::warn!("fencing block used up before the next was reserved");
+                    } else {
+                        tracing::trace!("fencing block used up; a reservation is in flight");
                     }
-                    tracing::warn!("fencing block used up before the next was reserved");
                     return None;
                 }
             }
