@@ -3,7 +3,9 @@
 # socket dir target/pg/sock (a /tmp dir when the `postgres` user cannot
 # reach target/), TCP on 127.0.0.1:${BMX_PG_PORT:-55432} only,
 # trust auth for local connections of this machine. Exports BMX_TEST_PG;
-# pg_stop (installed as an EXIT trap by pg_start) stops it.
+# pg_stop (installed as an EXIT trap by pg_start) stops it. fsync is off
+# (tests need no durability across a power cut) unless BMX_PG_FSYNC=on
+# (scripts/bench-harness.sh: figures against a durable database).
 #
 # initdb refuses to run as root, so the cluster belongs to `postgres`
 # (runuser) when we are root. Without binaries, Debian's `postgresql` is
@@ -73,7 +75,7 @@ pg_start() {
     { cat "$root/initdb.log" >&2; return 1; }
   trap pg_stop EXIT
   pg_as "$pg_bin/pg_ctl" -D "$root/data" -l "$root/log" -w -t 60 \
-    -o "-p $port -k $root/sock -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null ||
+    -o "-p $port -k $root/sock -c listen_addresses=127.0.0.1 -c fsync=${BMX_PG_FSYNC:-off} -c max_connections=200" start >/dev/null ||
     { cat "$root/log" >&2; return 1; }
   # Tests create a database each from this one.
   export BMX_TEST_PG="postgres://postgres@127.0.0.1:$port/postgres"

@@ -28,7 +28,7 @@
 
 use super::peer::Answer;
 use bmx::client::ApiClient;
-use bmx::harness::store::{DurableState, SqliteStore};
+use bmx::harness::store::{DurableBackend, DurableState, PgStore, SqliteStore};
 use bmx::lease::{LeaseStore, MemoryLeaseStore};
 use bmx::wire::types::{
     AssignParams, AssignResult, EndedParams, ExecutorInfo, HeartbeatParams, HeartbeatResult,
@@ -130,6 +130,10 @@ pub struct FencingRow {
     /// Bumps the durable store refused (block ran out before the next
     /// reservation committed); each was retried.
     pub durable_refused: u64,
+    /// The same over PostgreSQL, when the harness runs with `--store
+    /// postgres://…`.
+    pub postgres_ns: Option<f64>,
+    pub postgres_refused: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -199,6 +203,14 @@ impl HarnessReport {
             "fencing bump: in-memory {:.0} ns, durable (SQLite) {:.0} ns, ratio {:.2} ({} refused and retried, {} ops)\n",
             f.memory_ns, f.durable_ns, f.ratio, f.durable_refused, f.ops
         ));
+        if let (Some(ns), Some(refused)) = (f.postgres_ns, f.postgres_refused) {
+            s.push_str(&format!(
+                "fencing bump: durable (PostgreSQL) {:.0} ns, ratio {:.2} ({} refused and retried)\n",
+                ns,
+                ns / f.memory_ns.max(f64::MIN_POSITIVE),
+                refused
+            ));
+        }
         s.push_str(&format!(
             "held under one core: {} executors at 1 Hz\n",
             self.held
@@ -285,7 +297,11 @@ pub async fn run(opts: &HarnessOptions) -> Result<HarnessReport, String> {
         .map(|r| r.executors)
         .max()
         .unwrap_or(0);
-    let fencing = fencing(dir.path(), opts.fencing_ops.max(1))?;
+    let pg = opts
+        .harness_args
+        .iter()
+        .find(|a| bmx::harness::store::postgres::is_postgres_url(a));
+    let fencing = fencing(dir.path(), pg.map(String::as_str), opts.fencing_ops.max(1))?;
     Ok(HarnessReport {
         rows,
         assign,
@@ -523,7 +539,7 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn fencing(dir: &Path, ops: usize) -> Result<FencingRow, String> {
+fn fencing(dir: &Path, pg: Option<&str>, ops: usize) -> Result<FencingRow, String> {
     let ids: Vec<String> = (0..1000).map(|i| format!("s-{i}")).collect();
     let memory = MemoryLeaseStore::new();
     let t = Instant::now();
@@ -533,7 +549,30 @@ fn fencing(dir: &Path, ops: usize) -> Result<FencingRow, String> {
     let memory_ns = t.elapsed().as_nanos() as f64 / ops as f64;
 
     let db = SqliteStore::open_dir(&dir.join("fencing")).map_err(|e| e.to_string())?;
-    let durable = DurableState::open(Arc::new(db)).map_err(|e| e.to_string())?;
+    let (durable_ns, durable_refused) = bumps(Arc::new(db), &ids, ops)?;
+    let (postgres_ns, postgres_refused) = match pg {
+        Some(url) => {
+            let db = PgStore::connect(url).map_err(|e| e.to_string())?;
+            let (ns, refused) = bumps(Arc::new(db), &ids, ops)?;
+            (Some(ns), Some(refused))
+        }
+        None => (None, None),
+    };
+    Ok(FencingRow {
+        ops,
+        memory_ns,
+        durable_ns,
+        ratio: durable_ns / memory_ns.max(f64::MIN_POSITIVE),
+        durable_refused,
+        postgres_ns,
+        postgres_refused,
+    })
+}
+
+/// ns per token bump of a [`DurableState`] over `db`, and how many bumps
+/// were refused (and retried).
+fn bumps(db: Arc<dyn DurableBackend>, ids: &[String], ops: usize) -> Result<(f64, u64), String> {
+    let durable = DurableState::open(db).map_err(|e| e.to_string())?;
     let mut refused = 0u64;
     let t = Instant::now();
     for i in 0..ops {
@@ -548,15 +587,9 @@ fn fencing(dir: &Path, ops: usize) -> Result<FencingRow, String> {
             std::thread::yield_now();
         }
     }
-    let durable_ns = t.elapsed().as_nanos() as f64 / ops as f64;
+    let ns = t.elapsed().as_nanos() as f64 / ops as f64;
     durable.shutdown();
-    Ok(FencingRow {
-        ops,
-        memory_ns,
-        durable_ns,
-        ratio: durable_ns / memory_ns.max(f64::MIN_POSITIVE),
-        durable_refused: refused,
-    })
+    Ok((ns, refused))
 }
 
 // ---------------------------------------------------------------- peer
