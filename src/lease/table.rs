@@ -448,8 +448,15 @@ impl LeaseTable {
 
     /// The earliest `now` at which [`tick`](Self::tick) would report
     /// something, for the actor's timer; `None` when nothing is pending.
-    /// Frames and registrations can only push it later or add new entries,
-    /// so the actor re-arms its timer after each event.
+    ///
+    /// Once it is `Some(d)`, no event makes it earlier than `d`: a frame
+    /// moves a connection's `last_seen` later; a new connection's deadline
+    /// is `now + ttl`, no earlier than any existing one (every `last_seen`
+    /// is at most `now`); a lost connection's leases run out at its own
+    /// silence deadline; a resume or a tick only removes deadlines. So an
+    /// actor that armed its timer at this value need not recompute it (a
+    /// walk over every connection and lease) until the timer fires or
+    /// nothing is armed (`tests/misc/lease_model.rs` checks the rule).
     pub fn next_deadline(&self) -> Option<u64> {
         let silence = self
             .conns

@@ -521,6 +521,9 @@ struct Sut {
     /// Connections the harness was told are gone (replaced, silent,
     /// disconnected, or lost in a restart). None may ever pass `check_frame`.
     dead: BTreeSet<ConnId>,
+    /// `next_deadline` after the last step: once set, it may never move
+    /// earlier (the leases actor arms its timer once and relies on it).
+    deadline: Option<u64>,
 }
 
 struct LeaseTableTest;
@@ -536,6 +539,7 @@ impl StateMachineTest for LeaseTableTest {
             store,
             grants: BTreeMap::new(),
             dead: BTreeSet::new(),
+            deadline: None,
         }
     }
 
@@ -609,8 +613,19 @@ impl StateMachineTest for LeaseTableTest {
             Step::Restart => {
                 sut.table = LeaseTable::new(model.ttl, sut.store.clone());
                 sut.dead.extend((0..model.next_conn).map(ConnId));
+                // A new table: its actor arms afresh.
+                sut.deadline = None;
             }
         }
+        let next = sut.table.next_deadline();
+        if let (Some(before), Some(after)) = (sut.deadline, next) {
+            assert!(
+                after >= before,
+                "next_deadline moved earlier: {before} -> {after} after {:?}",
+                model.step
+            );
+        }
+        sut.deadline = next;
         sut
     }
 

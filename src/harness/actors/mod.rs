@@ -108,6 +108,18 @@ impl<M: ractor::Message> DeadlineTimer<M> {
         }
     }
 
+    /// The tick arrived: the timer is spent, whether or not its task has
+    /// been seen to finish yet (it sends the tick, then ends), so the next
+    /// [`arm`](Self::arm) arms afresh.
+    pub(crate) fn fired(&mut self) {
+        self.armed = None;
+    }
+
+    /// Whether a tick is still to come.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.as_ref().is_some_and(|(_, h)| !h.is_finished())
+    }
+
     pub(crate) fn arm(
         &mut self,
         myself: &ActorRef<M>,
