@@ -11,6 +11,7 @@ import * as sessions from './pages/sessions.js';
 import * as session from './pages/session.js';
 import * as process from './pages/process.js';
 import * as terminal from './pages/terminal.js';
+import * as turn from './pages/turn.js';
 
 const routes = [
   [/^\/login$/, login],
@@ -18,6 +19,7 @@ const routes = [
   [/^\/sessions$/, sessions],
   [/^\/sessions\/([^/]+)$/, session],
   [/^\/sessions\/([^/]+)\/processes\/([^/]+)$/, process],
+  [/^\/sessions\/([^/]+)\/turns$/, turn],
   [/^\/executors\/([^/]+)\/terminals\/([^/]+)$/, terminal],
 ];
 

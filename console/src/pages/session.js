@@ -82,8 +82,11 @@ export function render(main, [sid]) {
       clear(msg).append(errorText(e));
     }
   });
+  // Agent turns: only when the executor offers agents.
+  const agentLink = h('a', { href: `#/sessions/${seg(sid)}/turns`, id: 'agent-link', hidden: true }, 'Agent turns →');
   main.append(
     h('h1', {}, 'Session ', h('code', {}, sid)),
+    h('p', {}, agentLink),
     msg,
     info,
     h('h2', {}, 'Processes'),
@@ -118,6 +121,8 @@ export function render(main, [sid]) {
       stop.disabled = s.state === 'ended';
       start.hidden = s.state === 'ended';
       toolForm.hidden = s.state === 'ended';
+      const ag = ex && ex.capabilities && ex.capabilities.agent;
+      agentLink.hidden = !(ag && ag.enabled && (ag.agents || []).length) || s.state === 'ended';
       clear(info).append(
         facts([
           ['Executor', h('a', { href: '#/executors' }, s.executorId)],

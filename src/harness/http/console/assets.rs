@@ -53,6 +53,7 @@ const SOURCES: &[Source] = &[
     source!("pages/session.js", "src/pages/session.js"),
     source!("pages/process.js", "src/pages/process.js"),
     source!("pages/terminal.js", "src/pages/terminal.js"),
+    source!("pages/turn.js", "src/pages/turn.js"),
     source!("app.css", "src/app.css"),
     source!("icon.svg", "src/icon.svg"),
     source!("vendor/xterm.mjs", "dist/vendor/xterm.mjs"),

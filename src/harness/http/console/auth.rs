@@ -200,7 +200,14 @@ pub enum Verdict {
 }
 
 /// Decide on a request to a route that needs the API credential.
-pub fn decide(policy: Policy<'_>, f: Facts<'_>, table: &mut SessionTable, now: Instant) -> Verdict {
+/// `csrf_of` looks a cookie's session up (the caller's
+/// [`SessionTable::csrf`] at its `now`); it is only called for a request
+/// that relies on a cookie, so Bearer traffic never touches the table.
+pub fn decide(
+    policy: Policy<'_>,
+    f: Facts<'_>,
+    csrf_of: impl FnOnce(&str) -> Option<String>,
+) -> Verdict {
     let Some(token) = policy.token else {
         // Open (loopback) mode: only browser pages of this harness.
         return match f.origin {
@@ -221,7 +228,7 @@ pub fn decide(policy: Policy<'_>, f: Facts<'_>, table: &mut SessionTable, now: I
             Verdict::Unauthorized
         };
     }
-    let Some(expected) = f.cookie.and_then(|c| table.csrf(c, now)) else {
+    let Some(expected) = f.cookie.and_then(csrf_of) else {
         return Verdict::Unauthorized;
     };
     match f.origin {
@@ -234,7 +241,7 @@ pub fn decide(policy: Policy<'_>, f: Facts<'_>, table: &mut SessionTable, now: I
     if f.unsafe_method
         && !f
             .csrf
-            .is_some_and(|c| super::super::same_secret(c, expected))
+            .is_some_and(|c| super::super::same_secret(c, &expected))
     {
         return Verdict::Forbidden(Refusal::Csrf);
     }
@@ -359,6 +366,10 @@ mod tests {
         (t, id, csrf)
     }
 
+    fn run(p: Policy<'_>, f: Facts<'_>, t: &mut SessionTable, now: Instant) -> Verdict {
+        decide(p, f, |id| t.csrf(id, now).map(str::to_owned))
+    }
+
     fn facts<'a>(cookie: &'a str) -> Facts<'a> {
         Facts {
             cookie: Some(cookie),
@@ -379,38 +390,32 @@ mod tests {
             host: Some(HOST),
             ..Facts::default()
         };
-        assert_eq!(decide(with_token(), f, &mut t, now), Verdict::Pass);
+        assert_eq!(run(with_token(), f, &mut t, now), Verdict::Pass);
         let wrong = Facts {
             bearer: Some("nope"),
             ..f
         };
-        assert_eq!(
-            decide(with_token(), wrong, &mut t, now),
-            Verdict::Unauthorized
-        );
+        assert_eq!(run(with_token(), wrong, &mut t, now), Verdict::Unauthorized);
         // A wrong Bearer is not rescued by a cookie.
         let (mut t, id, _) = logged_in(now);
         let both = Facts {
             bearer: Some("nope"),
             ..facts(&id)
         };
-        assert_eq!(
-            decide(with_token(), both, &mut t, now),
-            Verdict::Unauthorized
-        );
+        assert_eq!(run(with_token(), both, &mut t, now), Verdict::Unauthorized);
     }
 
     #[test]
     fn a_cookie_reads_but_writes_only_with_its_csrf_token() {
         let now = Instant::now();
         let (mut t, id, csrf) = logged_in(now);
-        assert_eq!(decide(with_token(), facts(&id), &mut t, now), Verdict::Pass);
+        assert_eq!(run(with_token(), facts(&id), &mut t, now), Verdict::Pass);
         let post = Facts {
             unsafe_method: true,
             ..facts(&id)
         };
         assert_eq!(
-            decide(with_token(), post, &mut t, now),
+            run(with_token(), post, &mut t, now),
             Verdict::Forbidden(Refusal::Csrf)
         );
         let other = mint();
@@ -419,7 +424,7 @@ mod tests {
             ..post
         };
         assert_eq!(
-            decide(with_token(), wrong, &mut t, now),
+            run(with_token(), wrong, &mut t, now),
             Verdict::Forbidden(Refusal::Csrf)
         );
         let right = Facts {
@@ -427,15 +432,15 @@ mod tests {
             origin: Some(SELF),
             ..post
         };
-        assert_eq!(decide(with_token(), right, &mut t, now), Verdict::Pass);
+        assert_eq!(run(with_token(), right, &mut t, now), Verdict::Pass);
         // Nobody's cookie, or none: 401.
         let stranger = mint();
         assert_eq!(
-            decide(with_token(), facts(&stranger), &mut t, now),
+            run(with_token(), facts(&stranger), &mut t, now),
             Verdict::Unauthorized
         );
         assert_eq!(
-            decide(with_token(), Facts::default(), &mut t, now),
+            run(with_token(), Facts::default(), &mut t, now),
             Verdict::Unauthorized
         );
     }
@@ -449,7 +454,7 @@ mod tests {
             ..facts(&id)
         };
         assert_eq!(
-            decide(with_token(), ws, &mut t, now),
+            run(with_token(), ws, &mut t, now),
             Verdict::Forbidden(Refusal::NoOrigin)
         );
         let foreign = Facts {
@@ -457,7 +462,7 @@ mod tests {
             ..ws
         };
         assert_eq!(
-            decide(with_token(), foreign, &mut t, now),
+            run(with_token(), foreign, &mut t, now),
             Verdict::Forbidden(Refusal::CrossOrigin)
         );
         // Same host, other port: another origin.
@@ -466,14 +471,14 @@ mod tests {
             ..ws
         };
         assert_eq!(
-            decide(with_token(), port, &mut t, now),
+            run(with_token(), port, &mut t, now),
             Verdict::Forbidden(Refusal::CrossOrigin)
         );
         let own = Facts {
             origin: Some(SELF),
             ..ws
         };
-        assert_eq!(decide(with_token(), own, &mut t, now), Verdict::Pass);
+        assert_eq!(run(with_token(), own, &mut t, now), Verdict::Pass);
         // Behind a proxy: the public URL's origin is the harness's too.
         let proxied = Policy {
             token: Some(TOKEN),
@@ -484,7 +489,7 @@ mod tests {
             host: Some("10.0.0.5:7070"),
             ..ws
         };
-        assert_eq!(decide(proxied, via, &mut t, now), Verdict::Pass);
+        assert_eq!(run(proxied, via, &mut t, now), Verdict::Pass);
     }
 
     #[test]
@@ -502,7 +507,7 @@ mod tests {
         assert!(t.csrf(&ids[1], later).is_none(), "expired");
         assert_eq!(t.len(), 1, "an expired entry is dropped when seen");
         assert_eq!(
-            decide(with_token(), facts(&ids[2]), &mut t, later),
+            run(with_token(), facts(&ids[2]), &mut t, later),
             Verdict::Unauthorized
         );
         assert!(t.is_empty());
@@ -520,19 +525,19 @@ mod tests {
             host: Some(HOST),
             ..Facts::default()
         };
-        assert_eq!(decide(open(), cli, &mut t, now), Verdict::Pass);
+        assert_eq!(run(open(), cli, &mut t, now), Verdict::Pass);
         let page = Facts {
             origin: Some(SELF),
             websocket: true,
             ..cli
         };
-        assert_eq!(decide(open(), page, &mut t, now), Verdict::Pass);
+        assert_eq!(run(open(), page, &mut t, now), Verdict::Pass);
         let evil = Facts {
             origin: Some("https://evil.example"),
             ..cli
         };
         assert_eq!(
-            decide(open(), evil, &mut t, now),
+            run(open(), evil, &mut t, now),
             Verdict::Forbidden(Refusal::CrossOrigin)
         );
         // DNS rebinding: the page and the Host agree, but the name is not
@@ -543,7 +548,7 @@ mod tests {
             ..cli
         };
         assert_eq!(
-            decide(open(), rebound, &mut t, now),
+            run(open(), rebound, &mut t, now),
             Verdict::Forbidden(Refusal::NotLoopback)
         );
         let localhost = Facts {
@@ -551,7 +556,7 @@ mod tests {
             host: Some("localhost:7070"),
             ..cli
         };
-        assert_eq!(decide(open(), localhost, &mut t, now), Verdict::Pass);
+        assert_eq!(run(open(), localhost, &mut t, now), Verdict::Pass);
     }
 
     #[test]

@@ -53,7 +53,11 @@ impl Console {
     /// Decide on a request to an API route (Bearer, cookie + CSRF +
     /// Origin, or the loopback rule): see [`auth::decide`].
     pub(crate) fn check(&self, config: &HarnessConfig, method: &Method, h: &HeaderMap) -> Verdict {
-        let public_origin = public_origin(config);
+        let public_origin = if h.contains_key(header::ORIGIN) {
+            public_origin(config)
+        } else {
+            None
+        };
         let policy = Policy {
             token: config.api_token.as_ref().map(|t| t.expose()),
             public_origin: public_origin.as_deref(),
@@ -71,7 +75,9 @@ impl Console {
             origin: text(h, header::ORIGIN.as_str()),
             host: text(h, header::HOST.as_str()),
         };
-        auth::decide(policy, facts, &mut self.table(), Instant::now())
+        auth::decide(policy, facts, |id| {
+            self.table().csrf(id, Instant::now()).map(str::to_owned)
+        })
     }
 }
 
