@@ -12,11 +12,13 @@ import * as session from './pages/session.js';
 import * as process from './pages/process.js';
 import * as terminal from './pages/terminal.js';
 import * as turn from './pages/turn.js';
+import * as metrics from './pages/metrics.js';
 
 const routes = [
   [/^\/login$/, login],
   [/^\/executors$/, executors],
   [/^\/sessions$/, sessions],
+  [/^\/metrics$/, metrics],
   [/^\/sessions\/([^/]+)$/, session],
   [/^\/sessions\/([^/]+)\/processes\/([^/]+)$/, process],
   [/^\/sessions\/([^/]+)\/turns$/, turn],

@@ -245,6 +245,14 @@ try {
   }
   await reader.screenshot({ path: join(shots, 'terminal-read-only.png') });
 
+  step('the harness metrics page');
+  await page.setViewportSize({ width: 1200, height: 800 });
+  await page.goto(`${url}/#/metrics`);
+  await page.waitForSelector('#metrics tbody tr', { timeout: WAIT });
+  const families = await page.$$eval('#metrics tbody tr', (rows) => new Set(rows.map((r) => r.dataset.metric)).size);
+  check(families >= 3, `several metric families are shown (${families})`);
+  await page.screenshot({ path: join(shots, 'metrics.png') });
+
   step('no Content-Security-Policy violation on the pages');
   check(cspErrors.length === 0, `CSP violations: ${cspErrors.join('\n')}`);
 

@@ -54,6 +54,7 @@ const SOURCES: &[Source] = &[
     source!("pages/process.js", "src/pages/process.js"),
     source!("pages/terminal.js", "src/pages/terminal.js"),
     source!("pages/turn.js", "src/pages/turn.js"),
+    source!("pages/metrics.js", "src/pages/metrics.js"),
     source!("app.css", "src/app.css"),
     source!("icon.svg", "src/icon.svg"),
     source!("vendor/xterm.mjs", "dist/vendor/xterm.mjs"),
