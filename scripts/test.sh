@@ -20,6 +20,9 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # drives a real Xvfb and a real xterm.
 command -v Xvfb >/dev/null 2>&1 || need+=(xvfb)
 command -v xterm >/dev/null 2>&1 || need+=(xterm)
+# Issue 16: the web console in a real browser (tests/harness/console.rs
+# drives Debian's chromium through playwright-core, tests/peers).
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

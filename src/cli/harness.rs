@@ -280,6 +280,23 @@ pub async fn run_harness(args: HarnessArgs) -> ExitCode {
         h.api_url(),
         h.executor_url()
     );
+    // The web console (issue 16, docs/console.md). A line of its own,
+    // after the one scripts parse; a reader that stopped reading must
+    // not make it panic (EPIPE), hence no `println!`.
+    let console = if h.config().api_token.is_some() {
+        Some("log in with the API token")
+    } else if h.local_addr().ip().is_loopback() {
+        Some("no API token: loopback only")
+    } else {
+        None
+    };
+    if let Some(how) = console {
+        let _ = writeln!(
+            std::io::stdout(),
+            "bmx harness: console at {}/ ({how})",
+            h.api_url()
+        );
+    }
     stop.await;
     tracing::info!("shutting down");
     h.shutdown().await;
@@ -366,6 +383,11 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
         "bmx up: API at {}/v1 (executor {:?} connected; Ctrl-C to stop)",
         h.api_url(),
         args.executor_id
+    );
+    let _ = writeln!(
+        std::io::stdout(),
+        "bmx up: console at {}/ (no API token: loopback only)",
+        h.api_url()
     );
     let _ = std::io::stdout().flush();
     // Run until a signal, or until the executor ends by itself.

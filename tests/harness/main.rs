@@ -12,6 +12,7 @@ mod support;
 mod artifacts;
 mod backups;
 mod cli;
+mod console;
 mod cores;
 mod e2e;
 mod fake;

@@ -1,6 +1,7 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
 pub mod artifacts;
+pub mod console;
 pub mod enrollments;
 pub mod files;
 pub mod listener;
@@ -34,6 +35,8 @@ use tracing::Instrument;
 #[derive(Clone)]
 pub(crate) struct App {
     pub shared: Arc<Shared>,
+    /// The web console's browser sessions (issue 16).
+    pub(crate) console: Arc<console::Console>,
 }
 
 impl App {
@@ -51,9 +54,20 @@ impl App {
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    let app = App { shared };
+    let app = App {
+        shared,
+        console: Arc::new(console::Console::new()),
+    };
     Router::new()
         .route(CONNECT_PATH, get(connect))
+        .route("/", get(console::index))
+        .route(
+            &format!("{}/{{hash}}/{{*path}}", console::assets::ASSETS_PATH),
+            get(console::asset),
+        )
+        .route("/console/login", post(console::login))
+        .route("/console/logout", post(console::logout))
+        .route("/console/session", get(console::session))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
@@ -283,36 +297,47 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 
 /// `--api-token`: every API route but the executors' (the connect route
 /// and the terminal relay, which have credentials of their own) needs
-/// `Authorization: Bearer <token>`.
+/// `Authorization: Bearer <token>`, or the web console's session cookie
+/// (with its CSRF token on state-changing requests and the harness's own
+/// `Origin` on WebSockets: [`console::auth`]). Without an API token,
+/// requests from browser pages must come from this harness on a loopback
+/// host name.
 ///
-/// A request that passes with a token (or any request, when no API token
-/// is configured) takes its connection off the unauthenticated list of
+/// A request that passes with a credential (or any request, when no API
+/// token is configured) takes its connection off the unauthenticated list of
 /// the listener's [`Gate`](listener::Gate).
 async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response {
     let pass = req.extensions().get::<listener::ConnPass>().cloned();
-    match &app.shared.config.api_token {
-        Some(token) => {
-            let path = req.uri().path();
-            let own_credential = path == CONNECT_PATH
-                || path.starts_with(&format!("{}/", relay::RELAY_PATH))
-                || path.starts_with(&format!("{}/", crate::harness::api::artifacts::UPLOAD_PATH))
-                || path.starts_with(&format!("{}/", crate::harness::api::skills::DOWNLOAD_PATH))
-                || enrollments::is_public(req.method(), path);
-            if !own_credential {
-                let ok = transport::bearer(req.headers())
-                    .is_some_and(|t| same_secret(t, token.expose()));
-                if !ok {
-                    return ApiError::unauthorized().into_response();
-                }
-                if let Some(p) = pass {
-                    p.authenticated();
-                }
-            }
-        }
-        None => {
+    let path = req.uri().path();
+    let own_credential = path == CONNECT_PATH
+        || path.starts_with(&format!("{}/", relay::RELAY_PATH))
+        || path.starts_with(&format!("{}/", crate::harness::api::artifacts::UPLOAD_PATH))
+        || path.starts_with(&format!("{}/", crate::harness::api::skills::DOWNLOAD_PATH))
+        || enrollments::is_public(req.method(), path)
+        || console::is_public(path);
+    if own_credential {
+        if app.shared.config.api_token.is_none() {
             if let Some(p) = pass {
                 p.authenticated();
             }
+        }
+        return next.run(req).await;
+    }
+    // Bearer, or the console's cookie with its CSRF and Origin rules, or
+    // (no API token) the loopback rule for browser pages.
+    match app
+        .console
+        .check(&app.shared.config, req.method(), req.headers())
+    {
+        console::auth::Verdict::Pass => {
+            if let Some(p) = pass {
+                p.authenticated();
+            }
+        }
+        console::auth::Verdict::Unauthorized => return ApiError::unauthorized().into_response(),
+        console::auth::Verdict::Forbidden(r) => {
+            tracing::info!(reason = r.reason(), "browser request refused");
+            return console::forbidden(r).into_response();
         }
     }
     next.run(req).await
