@@ -12,7 +12,7 @@ echo "== embedded SQLite"
 "$bmx" bench harness "$@"
 # shellcheck source=scripts/pg.sh
 . scripts/pg.sh
-BMX_PG_FSYNC=on BMX_PG_PORT=${BMX_PG_PORT:-55433} pg_start
+BMX_PG_FSYNC=on BMX_PG_PORT=${BMX_PG_PORT:-25442} pg_start
 if [ -z "${BMX_TEST_PG:-}" ]; then
   echo "no PostgreSQL: the PostgreSQL rows are not measured" >&2
   exit 1

@@ -1,7 +1,8 @@
 # Sourced by scripts/test.sh (issue 17): a throwaway PostgreSQL for the
 # tests that run against the PostgreSQL store. Data dir target/pg/data,
 # socket dir target/pg/sock (a /tmp dir when the `postgres` user cannot
-# reach target/), TCP on 127.0.0.1:${BMX_PG_PORT:-55432} only,
+# reach target/), TCP on 127.0.0.1:${BMX_PG_PORT:-25432} only (the next
+# free port of the four after it when taken),
 # trust auth for local connections of this machine. Exports BMX_TEST_PG;
 # pg_stop (installed as an EXIT trap by pg_start) stops it. fsync is off
 # (tests need no durability across a power cut) unless BMX_PG_FSYNC=on
@@ -51,7 +52,9 @@ pg_start() {
     echo "scripts/pg.sh: no PostgreSQL binaries; PostgreSQL tests will skip (fail under CI)" >&2
     return 0
   fi
-  local port=${BMX_PG_PORT:-55432}
+  # Below the usual ephemeral range (32768-60999), so no client socket of
+  # this machine holds it by chance.
+  local port=${BMX_PG_PORT:-25432}
   pg_root=$PWD/target/pg
   # A cluster left by a run that was killed: stop it and start afresh.
   pg_stop
@@ -74,9 +77,16 @@ pg_start() {
   pg_as "$pg_bin/initdb" -D "$root/data" -U postgres -A trust -E UTF8 --no-sync >"$root/initdb.log" 2>&1 ||
     { cat "$root/initdb.log" >&2; return 1; }
   trap pg_stop EXIT
-  pg_as "$pg_bin/pg_ctl" -D "$root/data" -l "$root/log" -w -t 60 \
-    -o "-p $port -k $root/sock -c listen_addresses=127.0.0.1 -c fsync=${BMX_PG_FSYNC:-off} -c max_connections=200" start >/dev/null ||
-    { cat "$root/log" >&2; return 1; }
+  # The port may be taken (a listener, or a client socket that happened to
+  # get it as its ephemeral port): try the next ones before giving up.
+  local tries=0
+  until pg_as "$pg_bin/pg_ctl" -D "$root/data" -l "$root/log" -w -t 60 \
+    -o "-p $port -k $root/sock -c listen_addresses=127.0.0.1 -c fsync=${BMX_PG_FSYNC:-off} -c max_connections=200" start >/dev/null; do
+    tries=$((tries + 1))
+    if [ "$tries" -ge 5 ]; then cat "$root/log" >&2; return 1; fi
+    echo "scripts/pg.sh: port $port is taken, trying $((port + 1))" >&2
+    port=$((port + 1))
+  done
   # Tests create a database each from this one.
   export BMX_TEST_PG="postgres://postgres@127.0.0.1:$port/postgres"
   echo "scripts/pg.sh: PostgreSQL on 127.0.0.1:$port (BMX_TEST_PG)" >&2

@@ -52,6 +52,10 @@ use tokio::process::{Child, Command};
 /// request timeout; one interval is the stricter bound).
 const LATE: Duration = Duration::from_secs(1);
 
+/// The share of one core under which a row counts as held: at 0.97 the
+/// first runs still answered every heartbeat, but 100 times slower.
+const HELD_CPU: f64 = 0.9;
+
 /// How long the load waits for any one answer before counting a failure.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -141,8 +145,9 @@ pub struct HarnessReport {
     pub rows: Vec<LoadRow>,
     pub assign: Vec<AssignRow>,
     pub fencing: FencingRow,
-    /// The largest N at which the harness stayed under one core with no
-    /// failed, late or dropped heartbeat.
+    /// The largest N at which the harness stayed under 0.9 of one core
+    /// (a saturated core answers late before it fails) with no failed,
+    /// late or dropped heartbeat.
     pub held: usize,
 }
 
@@ -212,7 +217,7 @@ impl HarnessReport {
             ));
         }
         s.push_str(&format!(
-            "held under one core: {} executors at 1 Hz\n",
+            "held under 0.9 of one core: {} executors at 1 Hz\n",
             self.held
         ));
         s
@@ -288,7 +293,7 @@ pub async fn run(opts: &HarnessOptions) -> Result<HarnessReport, String> {
         .iter()
         .filter(|r| r.server == "harness")
         .filter(|r| {
-            r.server_cpu < 1.0
+            r.server_cpu < HELD_CPU
                 && r.failed == 0
                 && r.late == 0
                 && r.dropped == 0
