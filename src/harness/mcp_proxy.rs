@@ -162,6 +162,11 @@ pub fn parse_client(bytes: &[u8]) -> Result<ClientMessage, ClientParseError> {
     if body.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
         return Err(invalid("\"jsonrpc\" must be \"2.0\""));
     }
+    // A JSON-RPC error is an object; refused here whatever else the
+    // message holds, so nothing downstream sees `"error": false`.
+    if body.get("error").is_some_and(|e| !e.is_object()) {
+        return Err(invalid("error must be an object"));
+    }
     match body.get("method") {
         Some(Value::String(m)) => {
             if m.is_empty() || m.chars().count() > MAX_METHOD_CHARS {
@@ -817,6 +822,8 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":""}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"m","params":3}"#,
             r#"{"jsonrpc":"2.0","id":1}"#,
+            r#"{"jsonrpc":"2.0","id":"s","error":false}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","error":3}"#,
             r#"5"#,
         ] {
             assert!(

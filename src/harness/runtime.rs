@@ -52,6 +52,8 @@ pub struct ConnEntry {
     pub capabilities: Capabilities,
     pub connected_at: String,
     pub last_heartbeat_at: Option<String>,
+    /// Told to drain (`api::drain`): no new session is placed here.
+    pub draining: bool,
     /// The connection's actor, once started (for supervision tests).
     pub actor: Option<ActorRef<ConnMsg>>,
 }

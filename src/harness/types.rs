@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 pub struct ExecutorView {
     pub executor_id: String,
     pub connection_id: String,
-    /// `connecting` (upgraded, not registered yet) or `ready`.
+    /// `ready`, or `draining` once told to drain (`POST …/drain`).
     pub state: String,
     pub name: String,
     pub version: String,

@@ -14,6 +14,7 @@ mod backups;
 mod cli;
 mod console;
 mod cores;
+mod drain;
 mod e2e;
 mod fake;
 mod file_transfer;

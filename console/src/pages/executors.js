@@ -1,7 +1,8 @@
 // Executors: GET /v1/executors every 2 s (state, heartbeat age,
-// capabilities, sessions), their terminals, and the actions that start
-// something on one: a new session, a new terminal. The API has no drain
-// operation, so there is no drain button.
+// capabilities, sessions), their terminals, and the actions on one: a new
+// session, a new terminal, and drain (POST /v1/executors/{id}/drain, after
+// a confirmation: the executor takes no new session, lets its sessions
+// run until the deadline and then disconnects).
 
 import { get, post, seg } from '../api.js';
 import { h, ago, clear, errorText, every, stateTag } from '../ui.js';
@@ -41,6 +42,17 @@ export function render(main) {
     try {
       const t = await post(`/v1/executors/${seg(id)}/terminals`, { cols: 100, rows: 30 });
       location.hash = `#/executors/${seg(id)}/terminals/${seg(t.terminalId)}?write=1`;
+    } catch (e) {
+      clear(msg).append(errorText(e));
+    }
+  }
+
+  async function drain(id) {
+    if (!window.confirm(`Drain ${id}? It takes no new session, lets its sessions finish and then disconnects.`)) return;
+    try {
+      const r = await post(`/v1/executors/${seg(id)}/drain`, { reason: 'console' });
+      clear(msg).append(h('p', { class: 'muted' }, `${id}: drain ${r.accepted ? 'accepted' : 'refused'}, ${r.activeSessions.length} session(s) still running`));
+      key = null;
     } catch (e) {
       clear(msg).append(errorText(e));
     }
@@ -90,6 +102,7 @@ export function render(main) {
           h('div', { class: 'row' },
             h('button', { type: 'button', class: 'new-session', onclick: () => newSession(e.executorId) }, 'New session'),
             terminalCapable(e.capabilities) && h('button', { type: 'button', class: 'new-terminal', onclick: () => newTerminal(e.executorId) }, 'Open terminal'),
+            e.state !== 'draining' && h('button', { type: 'button', class: 'drain', onclick: () => drain(e.executorId) }, 'Drain'),
           ),
         ),
       );

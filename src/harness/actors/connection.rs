@@ -159,6 +159,7 @@ pub async fn start(shared: Arc<Shared>, transport: Transport, executor_id: Strin
             capabilities: Default::default(),
             connected_at: now_rfc3339(),
             last_heartbeat_at: None,
+            draining: false,
             actor: None,
         },
     );

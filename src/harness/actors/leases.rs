@@ -571,10 +571,12 @@ impl LeasesState {
                 e
             }
             None => {
+                // A draining executor refuses assigns: never place there.
                 let registered: Vec<String> = self
                     .shared
                     .executors
                     .iter()
+                    .filter(|e| !self.shared.conns.get(e.value()).is_some_and(|c| c.draining))
                     .map(|e| e.key().clone())
                     .collect();
                 self.views

@@ -3,6 +3,7 @@
 
 pub mod artifacts;
 pub mod backups;
+pub mod drain;
 pub mod enrollments;
 pub mod files;
 pub mod mcp;

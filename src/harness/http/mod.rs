@@ -72,6 +72,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/executors", get(list_executors))
+        .route("/v1/executors/{id}/drain", post(drain_executor))
         .route(
             "/v1/enrollments",
             get(enrollments::list).post(enrollments::create),
@@ -484,7 +485,7 @@ pub(crate) fn executor_views(shared: &Shared) -> Vec<ExecutorView> {
             ExecutorView {
                 executor_id: e.executor_id.clone(),
                 connection_id: e.connection_id.clone(),
-                state: "ready".into(),
+                state: if e.draining { "draining" } else { "ready" }.into(),
                 name: e.info.as_ref().map(|i| i.name.clone()).unwrap_or_default(),
                 version: e
                     .info
@@ -505,6 +506,18 @@ pub(crate) fn executor_views(shared: &Shared) -> Vec<ExecutorView> {
 
 async fn list_executors(State(app): State<App>) -> Json<serde_json::Value> {
     Json(serde_json::json!({ "executors": executor_views(&app.shared) }))
+}
+
+/// `POST /v1/executors/{id}/drain` → the executor's `{accepted,
+/// activeSessions}` (docs/api.md "Executors").
+async fn drain_executor(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let req: crate::harness::api::drain::DrainRequest = body(&bytes)?;
+    let r = crate::harness::api::drain::drain(&app.shared, &id, req).await?;
+    Ok(Json(r).into_response())
 }
 
 async fn list_sessions(State(app): State<App>) -> Json<serde_json::Value> {

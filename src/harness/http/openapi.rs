@@ -159,8 +159,9 @@ pub fn document() -> Value {
 }
 
 /// Bodies whose Rust types refuse unknown fields (`deny_unknown_fields`).
-const CLOSED_BODIES: [&str; 9] = [
+const CLOSED_BODIES: [&str; 10] = [
     "CreateSession",
+    "DrainExecutor",
     "OpenTerminal",
     "StartTurn",
     "MoreInput",
@@ -468,7 +469,7 @@ fn mcp_schemas() -> Value {
           "timeoutMs": {"type": "integer", "minimum": 1, "maximum": 3600000, "description": "one request to the service, at most (default 60000)"}}},
       "JsonRpcMessage": {"type": "object", "required": ["jsonrpc"], "description": "one MCP JSON-RPC message (request, notification or response); batches are refused", "properties": {
           "jsonrpc": {"type": "string", "enum": ["2.0"]}, "id": {"description": "a string or an integer; null in the answer to a message whose id could not be read"},
-          "method": {"type": "string"}, "params": {"type": "object"}, "result": {}, "error": {"type": "object"}}}
+          "method": {"type": "string"}, "params": {"anyOf": [{"type": "object"}, {"type": "array"}]}, "result": {}, "error": {"type": "object"}}}
     })
 }
 
@@ -645,6 +646,10 @@ fn base() -> Value {
               "name": {"type": "string"}, "version": {"type": "string"}, "activeSessions": {"type": "array", "items": {"type": "string"}},
               "connectedAt": {"type": "string", "format": "date-time"}, "lastHeartbeatAt": {"type": "string", "format": "date-time"},
               "protocol": {"type": "string"}, "capabilities": {"type": "object"}}},
+          "DrainExecutor": {"type": "object", "properties": {
+              "reason": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$", "description": "default operator"},
+              "deadlineMs": {"type": "integer", "maximum": 86400000, "description": "how long running sessions may go on (default: the executor's)"}}},
+          "DrainResult": {"type": "object", "properties": {"accepted": {"type": "boolean"}, "activeSessions": {"type": "array", "items": {"type": "string"}}}},
           "Executors": {"type": "object", "properties": {"executors": {"type": "array", "items": {"$ref": "#/components/schemas/Executor"}}}},
           "CreateSession": {"type": "object", "properties": {"executorId": {"type": "string"}, "sessionId": {"type": "string"}, "metadata": {"type": "object"},
               "mcpServers": {"type": "array", "maxItems": 32, "items": {"$ref": "#/components/schemas/McpServerSpec"}, "description": "sent in session.assign; keys unique"},
@@ -714,6 +719,11 @@ fn base() -> Value {
         "/v1/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "{\"ok\": true}"}}}},
         "/metrics": {"get": {"summary": "Metrics (OpenMetrics text; docs/reliability.md)", "responses": {"200": {"description": "application/openmetrics-text; version=1.0.0"}}}},
         "/v1/executors": {"get": {"summary": "Live executor connections", "responses": {"200": ok("executors", "Executors")}}},
+        "/v1/executors/{id}/drain": {
+          "parameters": [eid()],
+          "post": {"summary": "executor.drain: the executor refuses new sessions, lets its sessions run until the deadline, stops the rest and closes with 1001; the harness places no new session on it (state draining)",
+            "requestBody": body("DrainExecutor", false),
+            "responses": {"200": ok("the executor's answer", "DrainResult"), "400": err("bad reason or deadlineMs"), "404": err("no such executor connected (reason unknown_executor)"), "504": err("the executor did not answer")}}},
         "/v1/sessions": {
           "get": {"summary": "Sessions (live and recently ended)", "responses": {"200": ok("sessions", "Sessions")}},
           "post": {"summary": "Create a session: grant a lease, send session.assign, answer once accepted", "requestBody": body("CreateSession", false),
