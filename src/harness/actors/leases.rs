@@ -202,8 +202,7 @@ impl Actor for Leases {
         msg: LeasesMsg,
         state: &mut LeasesState,
     ) -> Result<(), ActorProcessingErr> {
-        let tick = matches!(msg, LeasesMsg::Tick);
-        if tick {
+        if matches!(msg, LeasesMsg::Tick) {
             state.timer.fired();
         }
         state.handle(msg);
@@ -212,7 +211,7 @@ impl Actor for Leases {
         // fires. Computing it walks every connection and lease: doing that
         // after every frame made each heartbeat cost O(executors), and
         // 10 000 executors at 1 Hz one full core (docs/benchmarks.md).
-        if tick || !state.timer.is_armed() {
+        if !state.timer.is_armed() {
             state.rearm(&myself);
         }
         Ok(())

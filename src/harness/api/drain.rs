@@ -11,7 +11,7 @@
 use super::super::error::ApiError;
 use super::super::runtime::Shared;
 use crate::wire::types::{DrainParams, DrainResult};
-use crate::wire::{Method, RpcError};
+use crate::wire::Method;
 use serde::{Deserialize, Serialize};
 
 /// The longest drain deadline the API passes on (a day).
@@ -62,12 +62,7 @@ pub async fn drain(
         .and_then(|c| shared.conns.get(&c).map(|e| e.clone()))
         .filter(|e| e.registered)
         .map(|e| e.link)
-        .ok_or_else(|| {
-            ApiError::rpc(
-                RpcError::not_found(format!("no executor {executor_id:?} is connected"))
-                    .with_reason("unknown_executor"),
-            )
-        })?;
+        .ok_or_else(|| super::terminals::unknown_executor(executor_id))?;
     let params = DrainParams {
         reason,
         deadline_ms: req.deadline_ms,

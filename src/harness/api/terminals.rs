@@ -278,7 +278,8 @@ pub fn unknown_terminal(executor_id: &str, terminal_id: &str) -> ApiError {
     )
 }
 
-fn unknown_executor(executor_id: &str) -> ApiError {
+/// 404 `unknown_executor`: no executor of that id is connected.
+pub(crate) fn unknown_executor(executor_id: &str) -> ApiError {
     ApiError::rpc(
         RpcError::not_found(format!("no executor {executor_id:?} is connected"))
             .with_reason("unknown_executor"),
