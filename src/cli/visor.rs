@@ -25,6 +25,15 @@ pub struct VisorArgs {
     /// `events`).
     #[arg(long, global = true)]
     pub json: bool,
+    /// The daemon shows the tool calls a local executor holds for a person
+    /// (`always_ask`) as `request` events: the executor's confirmation
+    /// socket to watch (repeatable; default: the default executor's,
+    /// `$TMPDIR/bmx-work/confirm/confirm.sock`).
+    #[arg(long, value_name = "PATH")]
+    pub confirm_socket: Vec<PathBuf>,
+    /// Watch no executor's confirmations.
+    #[arg(long, conflicts_with = "confirm_socket")]
+    pub no_executor_confirm: bool,
     #[command(subcommand)]
     pub command: Option<VisorCommand>,
 }
@@ -194,7 +203,12 @@ pub async fn run(args: VisorArgs) -> ExitCode {
     let home = home_dir(args.home.clone());
     let socket = socket_path(&home, args.socket.clone());
     let Some(cmd) = args.command else {
-        return serve(home, socket).await;
+        let confirm = match (args.no_executor_confirm, args.confirm_socket.is_empty()) {
+            (true, _) => Vec::new(),
+            (false, true) => vec![bmx::visor::confirm::default_socket()],
+            (false, false) => args.confirm_socket.clone(),
+        };
+        return serve(home, socket, confirm).await;
     };
     let json = args.json;
     let r = match cmd {
@@ -591,7 +605,7 @@ async fn events(
     }
 }
 
-async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
+async fn serve(home: PathBuf, socket: PathBuf, confirm: Vec<PathBuf>) -> ExitCode {
     let stop = async {
         use tokio::signal::unix::{signal, SignalKind};
         match (
@@ -610,7 +624,7 @@ async fn serve(home: PathBuf, socket: PathBuf) -> ExitCode {
     // The state dir (`visor`, or `visor-<hash>` for another --home):
     // marked running once the socket accepts, stopped when dropped.
     let state = bmx::runner::claims::claim_visor(&home, &socket);
-    let served = bmx::visor::serve(home, socket, stop).await;
+    let served = bmx::visor::serve(home, socket, confirm, stop).await;
     drop(state);
     match served {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,7 +14,9 @@
 //! executor's effective uid. The trust boundary is the local account that
 //! runs the executor (docs/security.md). The protocol on the socket is
 //! line-delimited JSON ([`LocalRequest`] → [`LocalResponse`]), one request
-//! per line, each line at most [`MAX_LINE`] bytes.
+//! per line, each line at most [`MAX_LINE`] bytes. `{"op":"watch"}` turns a
+//! connection into a feed of the pending list (at most [`MAX_WATCHERS`]
+//! at once): what `bmx visor` follows to ask the person in its own UI.
 
 use crate::wire::types::Permission;
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_PENDING: usize = 256;
 /// The longest line either side of the local socket reads.
 pub const MAX_LINE: usize = 16 * 1024;
+/// Connections watching the list at once; they do not count against the
+/// request connections, so `bmx confirm` always gets through.
+pub const MAX_WATCHERS: usize = 4;
 /// The longest answer line the client reads (a full list of summaries).
 pub const MAX_ANSWER_LINE: usize = 2 << 20;
 /// How much of a call's input the person is shown (JSON, cut at a char
@@ -331,7 +336,14 @@ impl Book {
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum LocalRequest {
     List,
-    Answer { id: String, decision: LocalDecision },
+    Answer {
+        id: String,
+        decision: LocalDecision,
+    },
+    /// Turn this connection into a feed: the list now, then again each
+    /// time a confirmation is added or resolved, until the client closes.
+    /// What `bmx visor` watches to show them as `request` events.
+    Watch,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -152,6 +152,27 @@ impl Conversation {
         Some(p)
     }
 
+    /// Open a request whose id and view someone else chose (an executor's
+    /// held tool call, `visor::confirm`); `false` when [`MAX_PENDING`] are
+    /// open or the id is open already.
+    pub fn open_as(&mut self, id: String, view: Value) -> bool {
+        if self.pending.len() >= MAX_PENDING || self.pending.iter().any(|p| p.id == id) {
+            return false;
+        }
+        self.pending.push(Pending {
+            view,
+            id,
+            rpc_id: Value::Null,
+            options: HashMap::new(),
+        });
+        true
+    }
+
+    /// Whether `id` was closed lately (the last 256 closed).
+    pub fn was_closed(&self, id: &str) -> bool {
+        self.answered.iter().any(|a| a == id)
+    }
+
     /// Close a request (answered, expired, withdrawn).
     ///
     /// # Errors

@@ -22,6 +22,10 @@ pub enum VisorError {
     /// The visor is shutting down.
     #[error("{0}")]
     Closed(String),
+    /// Something the visor relies on is out of reach (an executor's
+    /// confirmation socket).
+    #[error("{0}")]
+    Unavailable(String),
     /// A fault of ours (never for bad input).
     #[error("{0}")]
     Internal(String),
@@ -37,6 +41,7 @@ impl VisorError {
             VisorError::Protocol(_) => "protocol",
             VisorError::Unsupported(_) => "unsupported",
             VisorError::Closed(_) => "closed",
+            VisorError::Unavailable(_) => "unavailable",
             VisorError::Internal(_) => "internal",
         }
     }
@@ -49,7 +54,7 @@ impl VisorError {
             VisorError::Busy(_) => StatusCode::TOO_MANY_REQUESTS,
             VisorError::Protocol(_) => StatusCode::UPGRADE_REQUIRED,
             VisorError::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
-            VisorError::Closed(_) => StatusCode::SERVICE_UNAVAILABLE,
+            VisorError::Closed(_) | VisorError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             VisorError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

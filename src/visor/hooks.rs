@@ -222,6 +222,7 @@ pub async fn intake(v: &Visor, call: HookCall, replayed: bool) -> Result<Session
         .find(|d| {
             d.checked.spec.kind == Kind::Observed
                 && d.state().live()
+                && !v.confirm_bridges.contains_key(&d.id)
                 && d.checked.spec.agent.as_deref() == Some(call.agent.as_str())
                 && d.chat().vendor_id.as_deref() == Some(call.session.as_str())
         })

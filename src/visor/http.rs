@@ -601,6 +601,13 @@ async fn interrupt(State(v): Visor_, Path(id): Path<String>) -> ApiResult {
 /// sessions have none: 404).
 async fn answer(State(v): Visor_, Path(id): Path<String>, req: Request) -> ApiResult {
     let d = v.session(&id)?;
+    if let Some(bridge) = v.confirm_bridges.get(&id).map(|b| b.clone()) {
+        // An executor's held tool call (`visor::confirm`).
+        let a: AnswerSpec = json_body(req).await?;
+        let request = a.request_id.clone();
+        super::confirm::ask(&bridge, a).await?;
+        return Ok(Json(json!({"requestId": request, "answered": true})).into_response());
+    }
     no_process(&d)?;
     let a: AnswerSpec = json_body(req).await?;
     if a.message.as_ref().is_some_and(|m| m.len() > MAX_TEXT) {

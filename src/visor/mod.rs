@@ -10,6 +10,9 @@
 //!                           or an ACP agent on stdio (`wire`)
 //! ```
 //!
+//! A `confirm` bridge per local executor confirmation socket is a child of
+//! the root too ([`confirm`]: held tool calls as `request` events).
+//!
 //! Beside the tree, not actors: the workdir registry ([`workdirs`], one
 //! operation at a time behind an async lock) and observed sessions
 //! ([`hooks`]: records with no process, fed by agents' hooks).
@@ -22,6 +25,7 @@ pub mod agents;
 pub mod attach;
 pub mod chat;
 pub mod client;
+pub mod confirm;
 pub mod error;
 pub mod events;
 pub mod hooks;
@@ -66,6 +70,9 @@ pub struct Visor {
     /// Hook calls are taken one at a time (one observed session per
     /// vendor session, events in arrival order).
     pub hooks: tokio::sync::Mutex<()>,
+    /// Observed sessions of executor confirmation sockets, by session id
+    /// ([`confirm`]): `answer` on them goes to that socket.
+    pub confirm_bridges: DashMap<String, ActorRef<confirm::BridgeMsg>>,
     closing: AtomicBool,
     next_client: AtomicU64,
 }
@@ -75,6 +82,7 @@ impl Visor {
         Arc::new(Visor {
             workdirs: tokio::sync::Mutex::new(workdirs::Workdirs::new(home.clone())),
             hooks: tokio::sync::Mutex::new(()),
+            confirm_bridges: DashMap::new(),
             home,
             socket,
             instance: uuid::Uuid::new_v4().simple().to_string(),
@@ -171,6 +179,7 @@ fn private_dir(path: &Path) -> Result<(), ServeError> {
 pub async fn serve(
     home: PathBuf,
     socket: PathBuf,
+    confirm_sockets: Vec<PathBuf>,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
     private_dir(&home)?;
@@ -200,16 +209,25 @@ pub async fn serve(
     let listener = tokio::net::UnixListener::bind(&socket).map_err(|e| io("cannot bind", e))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| io("cannot restrict", e))?;
+    let mut children = vec![crate::supervisor::ChildSpec::restartable(
+        "sessions",
+        crate::supervisor::Restart::Permanent,
+        Sessions,
+        visor.clone(),
+    )
+    .shutdown_timeout(Duration::from_secs(25))];
+    for (i, path) in confirm_sockets.into_iter().enumerate() {
+        children.push(crate::supervisor::ChildSpec::restartable(
+            format!("confirm-{i}"),
+            crate::supervisor::Restart::Permanent,
+            confirm::Bridge,
+            (visor.clone(), path),
+        ));
+    }
     let (root, _exit) = crate::supervisor::Supervisor::start(crate::supervisor::SupervisorSpec {
         strategy: crate::supervisor::Strategy::OneForOne,
         intensity: Some(crate::supervisor::Intensity::default()),
-        children: vec![crate::supervisor::ChildSpec::restartable(
-            "sessions",
-            crate::supervisor::Restart::Permanent,
-            Sessions,
-            visor.clone(),
-        )
-        .shutdown_timeout(Duration::from_secs(25))],
+        children,
     })
     .await
     .map_err(|e| ServeError::Spawn(e.to_string()))?;

@@ -356,3 +356,130 @@ async fn the_daemon_with_confirm_always_asks_for_every_call() {
     assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
     assert_eq!(ran(&ws), vec!["k"]);
 }
+
+/// A `request` event of the visor's stream whose tool call is `call`.
+async fn visor_request(events: &mut crate::visor_support::Ws, call: &str) -> (String, String) {
+    let seen = crate::visor_support::events_until(events, call, |e| {
+        e["type"] == "request" && e["request"]["tool"]["id"] == call
+    })
+    .await;
+    let e = seen.last().unwrap();
+    (
+        e["session"].as_str().unwrap().to_owned(),
+        e["request"]["id"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// `bmx visor` on the same machine shows held calls as `request` events of
+/// an observed session and answers them with its own `answer`; answers
+/// given elsewhere (`bmx confirm`) close the request in the visor too.
+#[tokio::test]
+async fn answered_through_the_visor() {
+    let mut rig = Rig::start(Options::default()).await;
+    rig.assign("s").await;
+    let (sock, ws) = setup(&rig);
+    let visor =
+        crate::visor_support::Visor::start_with(&["--confirm-socket", sock.to_str().unwrap()]);
+    let mut events = visor.ws("/v1/events?types=request,request_closed").await;
+
+    // Allowed in the visor: runs once, the request closes.
+    send(&rig.conn, &call("v1", Some("always_ask"), None)).await;
+    let (session, req) = visor_request(&mut events, "v1").await;
+    let view = visor.session(&session).await;
+    assert_eq!(view["kind"], "observed");
+    assert_eq!(view["agent"], "bmx-executor");
+    assert_eq!(view["state"], "waiting", "{view}");
+    assert_eq!(view["pending"][0]["id"], req.as_str());
+    assert!(view["pending"][0]["input"]["command"]
+        .as_str()
+        .unwrap()
+        .contains("ran.txt"));
+    assert!(ran(&ws).is_empty(), "ran before anyone allowed it");
+    let path = format!("/v1/sessions/{session}/answer");
+    // Bad answers first: an unknown id, a changed input.
+    let (status, _) = visor
+        .req(
+            "POST",
+            &path,
+            Some(json!({"requestId": "c999", "allow": true})),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = visor
+        .req(
+            "POST",
+            &path,
+            Some(json!({"requestId": req, "allow": true, "updatedInput": {"command": "rm -rf /"}})),
+        )
+        .await;
+    assert_eq!(status, 400);
+    visor
+        .ok(
+            "POST",
+            &path,
+            Some(json!({"requestId": req, "allow": true})),
+        )
+        .await;
+    let r = result(&mut rig, "v1").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+    assert_eq!(ran(&ws), vec!["v1"]);
+    crate::visor_support::events_until(&mut events, "closed", |e| {
+        e["type"] == "request_closed" && e["requestId"] == req.as_str()
+    })
+    .await;
+    let (status, _) = visor
+        .req(
+            "POST",
+            &path,
+            Some(json!({"requestId": req, "allow": false})),
+        )
+        .await;
+    assert_eq!(status, 409, "a second answer");
+    visor
+        .until(&format!("/v1/sessions/{session}"), "idle", |v| {
+            v["state"] == "idle"
+        })
+        .await;
+
+    // Denied in the visor: never runs.
+    send(&rig.conn, &call("v2", Some("always_ask"), None)).await;
+    let (same, req) = visor_request(&mut events, "v2").await;
+    assert_eq!(same, session, "one observed session per executor");
+    visor
+        .ok(
+            "POST",
+            &path,
+            Some(json!({"requestId": req, "allow": false})),
+        )
+        .await;
+    let r = result(&mut rig, "v2").await;
+    assert_eq!(r.reason.as_deref(), Some("local_confirmation_denied"));
+    assert_eq!(ran(&ws), vec!["v1"]);
+
+    // Answered with `bmx confirm` instead: the visor's request closes.
+    send(&rig.conn, &call("v3", Some("always_ask"), None)).await;
+    let (_, req) = visor_request(&mut events, "v3").await;
+    let out = bmx_confirm(&sock, &["allow", &req]).await;
+    assert!(out.status.success(), "{out:?}");
+    let closed = crate::visor_support::events_until(&mut events, "closed elsewhere", |e| {
+        e["type"] == "request_closed" && e["requestId"] == req.as_str()
+    })
+    .await;
+    assert_eq!(closed.last().unwrap()["reason"], "resolved");
+    let r = result(&mut rig, "v3").await;
+    assert_eq!(r.outcome, Outcome::Succeeded, "{r:?}");
+
+    // The executor goes away with a call pending: the request closes.
+    send(&rig.conn, &call("v4", Some("always_ask"), None)).await;
+    let (_, req) = visor_request(&mut events, "v4").await;
+    assert_eq!(ran(&ws), vec!["v1", "v3"]);
+    rig.shutdown().await;
+    let closed = crate::visor_support::events_until(&mut events, "executor gone", |e| {
+        e["type"] == "request_closed" && e["requestId"] == req.as_str()
+    })
+    .await;
+    assert!(
+        ["executor_gone", "resolved"].contains(&closed.last().unwrap()["reason"].as_str().unwrap()),
+        "{closed:?}"
+    );
+}

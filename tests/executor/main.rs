@@ -4,6 +4,8 @@
 
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../visor_support/mod.rs"]
+mod visor_support;
 
 mod computer;
 mod confirm;

@@ -21,8 +21,13 @@ pub struct Visor {
 
 impl Visor {
     pub fn start() -> Visor {
+        Visor::start_with(&["--no-executor-confirm"])
+    }
+
+    /// A visor with these daemon flags (`start` watches no executor).
+    pub fn start_with(flags: &[&str]) -> Visor {
         let home = tempfile::tempdir().unwrap();
-        let child = spawn(home.path());
+        let child = spawn_with(home.path(), flags);
         let v = Visor {
             home,
             child: Some(child),
@@ -169,8 +174,14 @@ impl Drop for Visor {
 }
 
 pub fn spawn(home: &Path) -> Child {
+    spawn_with(home, &["--no-executor-confirm"])
+}
+
+pub fn spawn_with(home: &Path, flags: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_bmx"))
-        .args(["visor", "--home"])
+        .arg("visor")
+        .args(flags)
+        .arg("--home")
         .arg(home)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -427,7 +438,7 @@ pub fn repo() -> tempfile::TempDir {
 pub fn cli(home: &Path, args: &[&str], stdin: &str) -> std::process::Output {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_bmx"))
-        .args(["visor", "--home"])
+        .args(["visor", "--no-executor-confirm", "--home"])
         .arg(home)
         .args(args)
         .env("RUST_LOG", "error")

@@ -11,7 +11,7 @@
 
 use crate::executor::confirm::{
     socket_path, AnswerError, Book, Decision, Key, LocalDecision, LocalRequest, LocalResponse,
-    Request, MAX_LINE,
+    PendingView, Request, MAX_LINE, MAX_WATCHERS,
 };
 use crate::executor::Shared;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 /// Local connections served at once; more wait in the accept queue.
 const MAX_CONNECTIONS: usize = 16;
@@ -31,6 +31,13 @@ const MAX_REQUESTS_PER_CONNECTION: usize = 64;
 const IDLE: Duration = Duration::from_secs(30);
 /// How long a local request waits for the actor.
 const ACTOR_ANSWER: Duration = Duration::from_secs(5);
+/// How long a watcher may take to read one list before it is dropped: a
+/// stuck reader must not keep a watch slot forever.
+const WATCH_WRITE: Duration = Duration::from_secs(5);
+
+/// The pending list as watchers see it: replaced whenever the set of
+/// pending ids changes.
+type Feed = watch::Sender<Arc<Vec<PendingView>>>;
 
 pub enum ConfirmMsg {
     /// A tool call asks; `reply` gets the decision exactly once.
@@ -63,6 +70,8 @@ pub struct ConfirmState {
     armed: Option<Instant>,
     listener: Option<tokio::task::JoinHandle<()>>,
     path: Option<PathBuf>,
+    /// What watchers are sent.
+    feed: Feed,
 }
 
 /// Bind `path` for the executor's user only: the directory 0700, the
@@ -101,6 +110,19 @@ impl ConfirmState {
         }
     }
 
+    /// Tell watchers when a confirmation was added or resolved (not when
+    /// only the time left changed: that would be a line per message).
+    fn publish(&self, now: Instant) {
+        let list = self.book.list(now);
+        self.feed.send_if_modified(|cur| {
+            let same = cur.len() == list.len() && cur.iter().zip(&list).all(|(a, b)| a.id == b.id);
+            if !same {
+                *cur = Arc::new(list);
+            }
+            !same
+        });
+    }
+
     /// One timer, for the earliest deadline.
     fn arm(&mut self, myself: &ActorRef<ConfirmMsg>, now: Instant) {
         let Some(next) = self.book.next_deadline() else {
@@ -117,6 +139,8 @@ impl ConfirmState {
     fn local(&mut self, now: Instant, request: LocalRequest) -> LocalResponse {
         match request {
             LocalRequest::List => LocalResponse::list(self.book.list(now)),
+            // Served by the connection itself from the feed (never here).
+            LocalRequest::Watch => LocalResponse::error("bad_request", "watch is not a request"),
             LocalRequest::Answer { id, decision } => match self.book.answer(now, &id) {
                 Ok(key) => {
                     let d = match decision {
@@ -138,8 +162,13 @@ impl ConfirmState {
 
 /// Serve the local socket: peer uid checked, lines bounded, requests
 /// forwarded to the actor.
-async fn serve(listener: tokio::net::UnixListener, actor: ActorRef<ConfirmMsg>) {
+async fn serve(
+    listener: tokio::net::UnixListener,
+    actor: ActorRef<ConfirmMsg>,
+    feed: watch::Receiver<Arc<Vec<PendingView>>>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let watchers = Arc::new(tokio::sync::Semaphore::new(MAX_WATCHERS));
     loop {
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
@@ -153,14 +182,20 @@ async fn serve(listener: tokio::net::UnixListener, actor: ActorRef<ConfirmMsg>) 
             }
         };
         let actor = actor.clone();
+        let (feed, watchers) = (feed.clone(), watchers.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            connection(stream, actor).await;
+            connection(stream, actor, permit, feed, watchers).await;
         });
     }
 }
 
-async fn connection(stream: tokio::net::UnixStream, actor: ActorRef<ConfirmMsg>) {
+async fn connection(
+    stream: tokio::net::UnixStream,
+    actor: ActorRef<ConfirmMsg>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    feed: watch::Receiver<Arc<Vec<PendingView>>>,
+    watchers: Arc<tokio::sync::Semaphore>,
+) {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     let peer = stream.peer_cred().map(|c| c.uid());
@@ -199,6 +234,19 @@ async fn connection(stream: tokio::net::UnixStream, actor: ActorRef<ConfirmMsg>)
         }
         let answer = match serde_json::from_slice::<LocalRequest>(&buf) {
             Err(e) => LocalResponse::error("bad_request", e.to_string()),
+            Ok(LocalRequest::Watch) => match watchers.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    // A watcher holds a watch slot, not a request slot.
+                    drop(permit);
+                    watch_feed(read, write, feed).await;
+                    drop(slot);
+                    return;
+                }
+                Err(_) => LocalResponse::error(
+                    "busy",
+                    format!("at most {MAX_WATCHERS} connections watch at once"),
+                ),
+            },
             Ok(request) => {
                 let (tx, rx) = oneshot::channel();
                 if actor
@@ -216,6 +264,29 @@ async fn connection(stream: tokio::net::UnixStream, actor: ActorRef<ConfirmMsg>)
         };
         if write.write_all(answer.line().as_bytes()).await.is_err() {
             return;
+        }
+    }
+}
+
+/// A watching connection: the list now and after every change, until the
+/// client closes or sends anything (a watch connection takes no requests),
+/// the executor stops, or a list is not read within [`WATCH_WRITE`].
+async fn watch_feed(
+    mut read: BufReader<tokio::net::unix::OwnedReadHalf>,
+    mut write: tokio::net::unix::OwnedWriteHalf,
+    mut feed: watch::Receiver<Arc<Vec<PendingView>>>,
+) {
+    let mut byte = [0u8; 1];
+    loop {
+        let list = feed.borrow_and_update().clone();
+        let line = LocalResponse::list(list.as_ref().clone()).line();
+        match tokio::time::timeout(WATCH_WRITE, write.write_all(line.as_bytes())).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+        tokio::select! {
+            changed = feed.changed() => if changed.is_err() { return },
+            _ = read.read(&mut byte) => return,
         }
     }
 }
@@ -238,9 +309,10 @@ impl Actor for Confirm {
         // No socket: nobody could ever answer, so the actor is not
         // published and `always_ask` calls fail at once (and the mode is
         // not advertised).
+        let feed = watch::channel(Arc::new(Vec::new())).0;
         let (listener, path) = match bind(&path) {
             Ok(l) => {
-                let task = tokio::spawn(serve(l, myself.clone()));
+                let task = tokio::spawn(serve(l, myself.clone(), feed.subscribe()));
                 shared.set_confirm_actor(Some(myself.clone()));
                 tracing::info!(socket = %path.display(), "local confirmation socket ready");
                 (Some(task), Some(path))
@@ -257,6 +329,7 @@ impl Actor for Confirm {
             armed: None,
             listener,
             path,
+            feed,
         })
     }
 
@@ -316,6 +389,7 @@ impl Actor for Confirm {
             }
             ConfirmMsg::Tick => state.armed = None,
         }
+        state.publish(now);
         state.arm(&myself, now);
         Ok(())
     }

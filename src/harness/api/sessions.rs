@@ -187,6 +187,7 @@ impl Sessions {
         }
         // The restore's download is minted for the executor the lease
         // went to, which must restore: else the assign is undone.
+        let restore_digest = restore.clone();
         let restore = match restore
             .map(|d| super::files::restore_source(shared, a.grant.holder, d))
             .transpose()
@@ -203,7 +204,7 @@ impl Sessions {
                 return Err(err);
             }
         };
-        let params = AssignParams {
+        let mut params = AssignParams {
             session_id: session_id.clone(),
             work_id: session_id.clone(),
             agent_id: None,
@@ -247,6 +248,16 @@ impl Sessions {
             {
                 Ok(route) => (link, conn) = (route.link, route.conn),
                 Err(_) => break r,
+            }
+            // The restore's download token is good once and may have been
+            // spent by the lost send (the executor restarted mid-restore):
+            // every send carries a fresh one, minted for the connection it
+            // goes to; the unused one expires with its TTL.
+            if let Some(d) = &restore_digest {
+                match super::files::restore_source(shared, conn, d.clone()) {
+                    Ok(source) => params.restore = Some(source),
+                    Err(_) => break r,
+                }
             }
         };
         let result = match answer {
