@@ -85,6 +85,12 @@ pub struct ExecutorArgs {
     /// read again at every grant (docs/security.md).
     #[arg(long, value_name = "FILE")]
     pub git_credentials: Option<PathBuf>,
+    /// Run every session's processes, terminals, tools and MCP servers as
+    /// this unprivileged user (a name or a uid); the executor itself must
+    /// run as root and stays the only holder of its token
+    /// (docs/security.md).
+    #[arg(long, env = "BMX_RUN_AS", value_name = "USER")]
+    pub run_as: Option<String>,
 }
 
 /// `--confirm`.
@@ -160,6 +166,7 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         .or(args.url.clone())
         .unwrap_or_default();
     let metrics_listen = args.metrics_listen;
+    let run_as = args.run_as.clone();
     let mut config = match args.into_config() {
         Ok(c) => c,
         Err(e) => {
@@ -167,6 +174,12 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(name) = run_as {
+        if let Err(e) = run_as_user(&name, &config.work_root) {
+            eprintln!("bmx executor: {e}");
+            return ExitCode::from(2);
+        }
+    }
     // The lock comes before anything else, registering included; it is
     // held (`_lock` lives) until the executor has stopped.
     let _lock = match workspace {
@@ -309,4 +322,29 @@ fn enrolled(harness: &str, workspace: Option<&Path>) -> Result<(Endpoint, TokenS
     let endpoint =
         Endpoint::parse(&format!("{ws}/v1/executor/connect")).map_err(|e| e.to_string())?;
     Ok((endpoint, TokenSource::Static(cred.token)))
+}
+
+/// `--run-as`: resolve the user, make the work root and its `sessions/`
+/// reachable by it (`o+x`: it can enter its own workspace by path, but list
+/// nothing), then make it the identity of every session child.
+fn run_as_user(name: &str, work_root: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let user = bmx::process::run_as::resolve(name).map_err(|e| e.to_string())?;
+    for dir in [work_root.to_owned(), work_root.join("sessions")] {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mode = std::fs::metadata(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .permissions()
+            .mode();
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(
+                &dir,
+                std::fs::Permissions::from_mode((mode & 0o7777) | 0o011),
+            )
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), "made traversable for the --run-as user");
+        }
+    }
+    tracing::info!(user = %user.name, uid = user.uid, "session code runs as this user");
+    bmx::process::run_as::set(user).map_err(|e| e.to_string())
 }

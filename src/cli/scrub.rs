@@ -18,7 +18,8 @@
 //! Non-dumpable (`PR_SET_DUMPABLE 0`): `/proc/PID/environ`, `mem`, `maps`,
 //! `fd`, ... become root's, and `ptrace` by a same-user process is
 //! refused, so the token in the heap cannot be read either (root still
-//! can; `--run-as` is not built, see docs/security.md).
+//! can; `--run-as USER` keeps session code from being either: see
+//! `process::run_as` and docs/security.md).
 
 use std::io;
 

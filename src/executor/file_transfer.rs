@@ -255,9 +255,15 @@ fn check_expected(
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
 ) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| fail(code::IO_ERROR, e.to_string()))?
+    // As the `--run-as` user, like the file tools: the kernel judges the
+    // workspace accesses as theirs and the file they get is theirs.
+    tokio::task::spawn_blocking(move || {
+        let _identity = crate::process::run_as::FsIdentity::enter()
+            .map_err(|e| fail(code::IO_ERROR, e.to_string()))?;
+        f()
+    })
+    .await
+    .map_err(|e| fail(code::IO_ERROR, e.to_string()))?
 }
 
 fn expired(at: &str) -> bool {

@@ -245,6 +245,9 @@ impl Askpass {
         }
         askpass.write("credentials", 0o600, lines.as_bytes())?;
         askpass.write("askpass", 0o700, script(&askpass.dir).as_bytes())?;
+        // Under `--run-as` the process's git runs as that user: the helper
+        // is theirs (still 0700, nobody else's).
+        crate::process::run_as::chown_tree(&askpass.dir)?;
         Ok(askpass)
     }
 

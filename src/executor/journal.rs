@@ -120,6 +120,12 @@ impl std::fmt::Debug for Journal {
     }
 }
 
+/// Mode 0600.
+fn private(path: &std::ffi::OsStr) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
 impl Journal {
     /// Open (creating) the journal at `path`, read what a previous run
     /// left, and record this run's `instance` and pid.
@@ -142,8 +148,30 @@ impl Journal {
             .open(&lock_path)?;
         let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|_| JournalError::Held(path.to_owned()))?;
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Made here, 0600, so SQLite never creates it with the umask's.
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)?;
+        }
         let conn = Connection::open(path)?;
+        // The executor's alone (tool results of every session): 0600, set
+        // before the WAL exists, which SQLite then creates with the same
+        // mode. Under `--run-as` the work root is traversable by the
+        // session user, so this is what keeps it out.
+        private(&lock_path)?;
+        private(path.as_os_str())?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        for suffix in ["-wal", "-shm"] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            if std::path::Path::new(&p).exists() {
+                private(&p)?;
+            }
+        }
         // FULL: every commit is fsynced before it returns.
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;

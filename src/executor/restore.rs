@@ -86,9 +86,14 @@ pub async fn run(workspace: &Path, src: &RestoreSource) -> Result<usize, Restore
     }
     let file = download(src).await?;
     let ws = workspace.to_owned();
-    tokio::task::spawn_blocking(move || unpack_file(&ws, file))
-        .await
-        .map_err(|e| fail("io_error", e.to_string()))?
+    tokio::task::spawn_blocking(move || {
+        let n = unpack_file(&ws, file)?;
+        // What the executor unpacked is the `--run-as` user's, if one is set.
+        crate::process::run_as::chown_tree(&ws).map_err(io)?;
+        Ok(n)
+    })
+    .await
+    .map_err(|e| fail("io_error", e.to_string()))?
 }
 
 async fn download(src: &RestoreSource) -> Result<std::fs::File, RestoreError> {

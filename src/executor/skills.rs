@@ -258,6 +258,20 @@ fn expired(at: &str) -> bool {
 
 /// Run `skill.install`: every failure is an answer (`state: failed`).
 pub async fn run(workspace: &Path, p: SkillInstallParams) -> SkillInstallResult {
+    let r = install_result(workspace, p).await;
+    if r.state == "installed" {
+        // The unpacked skill is the `--run-as` user's, if one is set.
+        let dir = workspace.join(SKILLS_DIR);
+        let owned =
+            tokio::task::spawn_blocking(move || crate::process::run_as::chown_tree(&dir)).await;
+        if let Ok(Err(e)) = owned {
+            tracing::warn!(error = %e, "installed skill not handed to the run-as user");
+        }
+    }
+    r
+}
+
+async fn install_result(workspace: &Path, p: SkillInstallParams) -> SkillInstallResult {
     match install(workspace, p).await {
         Ok(()) => SkillInstallResult {
             state: "installed".into(),

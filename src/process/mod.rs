@@ -6,4 +6,5 @@ pub mod exits;
 pub mod lifecycle;
 pub mod region;
 pub mod ring;
+pub mod run_as;
 pub mod sys;

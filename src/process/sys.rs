@@ -589,7 +589,8 @@ pub fn attach_pty(
             if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            cloexec_above_stderr()
+            cloexec_above_stderr()?;
+            super::run_as::drop_in_child()
         });
     }
     set_nonblocking(&master)?;
@@ -639,12 +640,16 @@ pub fn cloexec_above_stderr() -> std::io::Result<()> {
 }
 
 /// Make `cmd`'s child inherit no descriptor above 2
-/// ([`cloexec_above_stderr`]).
+/// ([`cloexec_above_stderr`]), and run as the `--run-as` user if one is
+/// set ([`super::run_as`]).
 pub fn inherit_only_stdio(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure only makes async-signal-safe system calls.
     unsafe {
-        cmd.pre_exec(cloexec_above_stderr);
+        cmd.pre_exec(|| {
+            cloexec_above_stderr()?;
+            super::run_as::drop_in_child()
+        });
     }
 }
 

@@ -526,6 +526,8 @@ impl StreamSink {
         let workspace = self.workspace.clone();
         let target = path.clone();
         let file = tokio::task::spawn_blocking(move || {
+            // As the `--run-as` user: the session may read its spill.
+            let _identity = crate::process::run_as::FsIdentity::enter()?;
             super::beneath::Beneath::new(&workspace)?.create(&target)
         })
         .await

@@ -317,13 +317,26 @@ where
         return ToolOutput::canceled("canceled before start");
     }
     let token = ctx.cancel.clone();
-    let handle = tokio::task::spawn_blocking(move || work(token));
+    let handle = tokio::task::spawn_blocking(move || as_session_user(|| work(token)));
     tokio::select! {
         biased;
         joined = handle => joined.unwrap_or_else(|e| {
             ToolOutput::failure(reason::INTERNAL_ERROR, format!("tool task failed: {e}"))
         }),
         _ = ctx.cancel.cancelled() => ToolOutput::canceled("canceled"),
+    }
+}
+
+/// Run a tool's file work with the `--run-as` user's filesystem identity
+/// on this thread (`process::run_as::FsIdentity`): the kernel judges its
+/// accesses as that user's and what it creates is that user's.
+fn as_session_user(work: impl FnOnce() -> ToolOutput) -> ToolOutput {
+    match crate::process::run_as::FsIdentity::enter() {
+        Ok(_identity) => work(),
+        Err(e) => ToolOutput::failure(
+            reason::INTERNAL_ERROR,
+            format!("cannot take the session user's identity: {e}"),
+        ),
     }
 }
 
@@ -337,9 +350,11 @@ where
     if ctx.cancel.is_cancelled() {
         return ToolOutput::canceled("canceled before start");
     }
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        ToolOutput::failure(reason::INTERNAL_ERROR, format!("tool task failed: {e}"))
-    })
+    tokio::task::spawn_blocking(|| as_session_user(work))
+        .await
+        .unwrap_or_else(|e| {
+            ToolOutput::failure(reason::INTERNAL_ERROR, format!("tool task failed: {e}"))
+        })
 }
 
 /// A canonical temporary workspace for the tools' unit tests.

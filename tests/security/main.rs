@@ -12,6 +12,7 @@ mod support;
 mod connections;
 mod ids;
 mod logs;
+mod run_as;
 mod schemathesis;
 mod small;
 mod token;

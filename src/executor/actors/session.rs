@@ -1257,6 +1257,11 @@ impl Actor for Session {
             None => workspace_dir(&args.shared.config.work_root, &p.session_id),
         };
         tokio::fs::create_dir_all(&workspace).await?;
+        if args.shared.config.workspace.is_none() {
+            // Under `--run-as` the session's own directory is its user's
+            // (a bound `--workspace` is left as the operator made it).
+            crate::process::run_as::chown_tree(&workspace)?;
+        }
         let workspace = tokio::fs::canonicalize(&workspace).await?;
         let reads = args.shared.limits().concurrent_process_reads() as usize;
         let children = Children::new("session", None, None);
