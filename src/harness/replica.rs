@@ -38,28 +38,20 @@ struct ExecGens {
     local: Vec<(ConnId, i64)>,
 }
 
-/// The replica state of one harness.
-pub struct Replica {
-    pub db: Arc<PgReplicas>,
+/// The generation rule, without I/O: per executor id the highest
+/// generation seen and this replica's connections with theirs, one lock
+/// per executor id.
+#[derive(Default)]
+pub struct Generations {
     gens: DashMap<String, ExecGens>,
-    /// Forwarded API calls go out on it (`crate::harness::http::forward`).
-    pub http: reqwest::Client,
 }
 
-impl Replica {
-    pub fn new(db: Arc<PgReplicas>) -> Replica {
-        Replica {
-            db,
-            gens: DashMap::new(),
-            http: crate::harness::http::forward::client(),
-        }
-    }
-
+impl Generations {
     /// Connection `conn` of `executor_id` was numbered `generation`: if no
     /// newer one is known, record it and run `register` (hand it to the
     /// leases actor) while still holding the executor's lock, and return
-    /// `true`. `false`: a newer connection exists; this one must close
-    /// with 4004.
+    /// what `register` returned. `false` without running it: a newer
+    /// connection exists; this one must close with 4004.
     pub fn admit(
         &self,
         executor_id: &str,
@@ -76,22 +68,18 @@ impl Replica {
         register()
     }
 
-    /// A generation was announced (or polled): close every connection of
-    /// this replica of that executor that is older, with 4004.
-    pub fn observed(&self, shared: &Shared, g: &Generation) {
-        let mut e = self.gens.entry(g.executor_id.clone()).or_default();
-        e.latest = e.latest.max(g.generation);
+    /// `generation` of `executor_id` was announced (or polled): `close`
+    /// each of this replica's connections of it that is older (under the
+    /// lock), and forget them.
+    pub fn observed(&self, executor_id: &str, generation: i64, mut close: impl FnMut(ConnId, i64)) {
+        let mut e = self.gens.entry(executor_id.to_owned()).or_default();
+        e.latest = e.latest.max(generation);
         let latest = e.latest;
-        e.local.retain(|&(conn, generation)| {
-            if generation >= latest {
+        e.local.retain(|&(conn, g)| {
+            if g >= latest {
                 return true;
             }
-            if let Some(link) = shared.link_of(conn) {
-                link.close(CloseCode::Replaced, "replaced");
-                shared.metrics.replacements.inc();
-                tracing::info!(executor_id = %g.executor_id, replaced = %conn, generation, by = latest,
-                    "connection replaced by a newer one on another replica (4004)");
-            }
+            close(conn, g);
             false
         });
     }
@@ -116,6 +104,65 @@ impl Replica {
             .filter(|e| !e.local.is_empty())
             .map(|e| e.key().clone())
             .collect()
+    }
+}
+
+/// The replica state of one harness.
+pub struct Replica {
+    pub db: Arc<PgReplicas>,
+    pub gens: Generations,
+    /// Forwarded API calls go out on it (`crate::harness::http::forward`).
+    pub http: reqwest::Client,
+}
+
+impl Replica {
+    pub fn new(db: Arc<PgReplicas>) -> Replica {
+        Replica {
+            db,
+            gens: Generations::default(),
+            http: crate::harness::http::forward::client(),
+        }
+    }
+
+    /// See [`Generations::admit`].
+    pub fn admit(
+        &self,
+        executor_id: &str,
+        conn: ConnId,
+        generation: i64,
+        register: impl FnOnce() -> bool,
+    ) -> bool {
+        self.gens.admit(executor_id, conn, generation, register)
+    }
+
+    /// A generation was announced (or polled): close every connection of
+    /// this replica of that executor that is older, with 4004.
+    pub fn observed(&self, shared: &Shared, g: &Generation) {
+        self.gens
+            .observed(&g.executor_id, g.generation, |conn, generation| {
+                if let Some(link) = shared.link_of(conn) {
+                    link.close(CloseCode::Replaced, "replaced");
+                    shared.metrics.replacements.inc();
+                    tracing::info!(executor_id = %g.executor_id, replaced = %conn, generation,
+                        by = g.generation,
+                        "connection replaced by a newer one on another replica (4004)");
+                }
+            });
+    }
+
+    /// See [`Generations::latest`].
+    pub fn latest(&self, executor_id: &str) -> i64 {
+        self.gens.latest(executor_id)
+    }
+
+    /// See [`Generations::forget`].
+    pub fn forget(&self, executor_id: &str, conn: ConnId) {
+        self.gens.forget(executor_id, conn);
+    }
+
+    /// See [`Generations::local_executors`].
+    pub fn local_executors(&self) -> Vec<String> {
+        self.gens.local_executors()
     }
 }
 
@@ -156,4 +203,34 @@ pub(crate) fn watch(shared: &Arc<Shared>, url: String) -> Result<(), std::io::Er
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_connection_never_outlives_a_newer_one_it_heard_of() {
+        let g = Generations::default();
+        // Admitted, then a newer generation from another replica: closed.
+        assert!(g.admit("e", ConnId(1), 1, || true));
+        let mut closed = Vec::new();
+        g.observed("e", 2, |c, gen| closed.push((c, gen)));
+        assert_eq!(closed, vec![(ConnId(1), 1)]);
+        assert!(g.local_executors().is_empty());
+        // Heard of first, admitted after: refused, `register` never runs.
+        assert!(!g.admit("e", ConnId(2), 1, || panic!(
+            "registered an older connection"
+        )));
+        // Its own generation, or an older announcement: kept.
+        assert!(g.admit("e", ConnId(3), 3, || true));
+        g.observed("e", 3, |c, _| panic!("closed {c}"));
+        g.observed("e", 2, |c, _| panic!("closed {c}"));
+        assert_eq!(g.latest("e"), 3);
+        assert_eq!(g.local_executors(), vec!["e".to_owned()]);
+        // Another executor id is another lock and another count.
+        assert!(g.admit("f", ConnId(4), 1, || true));
+        g.forget("e", ConnId(3));
+        assert_eq!(g.local_executors(), vec!["f".to_owned()]);
+    }
 }

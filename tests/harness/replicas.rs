@@ -198,14 +198,13 @@ async fn one_connection_per_executor_id_across_replicas() {
             let found = execs
                 .iter_mut()
                 .position(|e| e.exited().is_some())
-                .map(|i| {
+                .inspect(|&i| {
                     let status = execs[i].exited().unwrap();
                     assert_eq!(
                         status.code(),
                         Some(EXIT_REPLACED),
                         "round {round}: executor {i} exited with {status:?}"
                     );
-                    i
                 });
             async move { found }
         })
