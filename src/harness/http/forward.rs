@@ -26,8 +26,10 @@ use tracing::Instrument;
 /// Marks a forwarded call; a replica never forwards such a call again.
 pub const FORWARDED: &str = "x-bmx-forwarded-by";
 
-/// The largest `POST /v1/sessions` body read to find its `executorId`.
-const CREATE_BODY_MAX: usize = 1 << 20;
+/// The largest `POST /v1/sessions` body read to find its `executorId`:
+/// the route's own limit (axum's default), so a body it would take is
+/// never refused here.
+const CREATE_BODY_MAX: usize = 2 << 20;
 
 /// Who to ask for the owner of a call.
 enum Owner {
@@ -56,7 +58,16 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, CREATE_BODY_MAX).await {
             Ok(b) => b,
-            Err(_) => return ApiError::bad_request("request body too large").into_response(),
+            Err(_) => {
+                return ApiError::with_status(
+                    413,
+                    crate::wire::RpcError::invalid_request(
+                        "payload_too_large",
+                        "request body too large",
+                    ),
+                )
+                .into_response()
+            }
         };
         let executor = serde_json::from_slice::<serde_json::Value>(&bytes)
             .ok()
