@@ -57,6 +57,11 @@ pub struct HarnessArgs {
     /// the URL is never printed.
     #[arg(long, env = "BMX_STORE", hide_env_values = true)]
     pub store: Option<String>,
+    /// This harness's id among the replicas over one PostgreSQL `--store`
+    /// (docs/store.md, "Several replicas"; default: random per process).
+    /// Ignored with SQLite.
+    #[arg(long, env = "BMX_REPLICA_ID")]
+    pub replica_id: Option<String>,
     /// How long a device enrollment waits for approval, in seconds.
     #[arg(long, default_value_t = 900)]
     pub enrollment_ttl_secs: u64,
@@ -150,17 +155,22 @@ fn parse_token(line: &str) -> Result<(String, String), String> {
 /// The enrollment store and the durable state over the store `--store`
 /// names: SQLite in `data_dir` by default, or PostgreSQL. Errors name a
 /// PostgreSQL URL only with its password redacted.
+/// With PostgreSQL the harness is also one of several replicas over the
+/// database (`PgReplicas`, id `replica_id` or a random one).
+type Opened = (
+    std::sync::Arc<dyn bmx::harness::store::Store>,
+    bmx::harness::store::DurableState,
+    Option<std::sync::Arc<bmx::harness::store::PgReplicas>>,
+);
+
 fn open_store(
     store: Option<&str>,
     data_dir: &std::path::Path,
-) -> Result<
-    (
-        std::sync::Arc<dyn bmx::harness::store::Store>,
-        bmx::harness::store::DurableState,
-    ),
-    String,
-> {
-    use bmx::harness::store::{postgres, DurableState, PgStore, SqliteStore};
+    replica_id: Option<&str>,
+) -> Result<Opened, String> {
+    use bmx::harness::store::{
+        pg_replicas, postgres, DurableState, PgReplicas, PgStore, SqliteStore,
+    };
     match store {
         None | Some("sqlite") => {
             let db = std::sync::Arc::new(
@@ -169,16 +179,21 @@ fn open_store(
             );
             let durable = DurableState::open(db.clone())
                 .map_err(|e| format!("--data-dir {}: {e}", data_dir.display()))?;
-            Ok((db, durable))
+            Ok((db, durable, None))
         }
         Some(url) if postgres::is_postgres_url(url) => {
             let shown = postgres::redact(url);
             let db = std::sync::Arc::new(
                 PgStore::connect(url).map_err(|e| format!("--store {shown}: {e}"))?,
             );
+            let id = replica_id.map_or_else(pg_replicas::random_replica_id, str::to_owned);
+            // Before the writer can write: session rows are then created
+            // only by a replica's claim.
+            let replicas = std::sync::Arc::new(PgReplicas::new(db.clone(), id.clone()));
             let durable =
                 DurableState::open(db.clone()).map_err(|e| format!("--store {shown}: {e}"))?;
-            Ok((db, durable))
+            tracing::info!(replica = %id, "one of the replicas over the postgres store");
+            Ok((db, durable, Some(replicas)))
         }
         Some(other) => Err(format!(
             "--store {}: expected `sqlite` or a postgres:// URL",
@@ -206,7 +221,8 @@ impl HarnessArgs {
             .data_dir
             .clone()
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
-        let (store, durable) = open_store(self.store.as_deref(), &data_dir)?;
+        let (store, durable, replicas) =
+            open_store(self.store.as_deref(), &data_dir, self.replica_id.as_deref())?;
         // Artifacts (issue 15): content-addressed files under the data dir.
         let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
             .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;
@@ -226,6 +242,9 @@ impl HarnessArgs {
             .public_url(self.public_url);
         if let Some(p) = self.listen_unix {
             b = b.listen_unix(p);
+        }
+        if let Some(r) = replicas {
+            b = b.replicas(r);
         }
         for (id, secret) in tokens {
             b = b.token(id, secret);

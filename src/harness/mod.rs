@@ -49,6 +49,7 @@ pub mod http;
 pub mod interactions;
 pub mod mcp_proxy;
 pub mod metrics;
+pub mod replica;
 pub mod runtime;
 pub mod store;
 pub mod types;
@@ -120,6 +121,7 @@ pub struct HarnessBuilder {
     enrollment_store: Option<Arc<dyn store::Store>>,
     durable: Option<store::DurableState>,
     blob_store: Option<Arc<dyn blob::BlobStore>>,
+    replicas: Option<Arc<store::PgReplicas>>,
 }
 
 impl HarnessBuilder {
@@ -211,6 +213,16 @@ impl HarnessBuilder {
         self
     }
 
+    /// Run as one of several live replicas over the PostgreSQL database of
+    /// `replicas` (docs/store.md, "Several replicas"): the 4004 rule holds
+    /// across replicas and session grants are claimed in the database.
+    /// Use with a [`durable_state`](Self::durable_state) over the same
+    /// [`store::PgStore`].
+    pub fn replicas(mut self, replicas: Arc<store::PgReplicas>) -> Self {
+        self.replicas = Some(replicas);
+        self
+    }
+
     /// Enable device enrollment (docs/runner.md) with enrollments and
     /// issued credentials kept in `store`; its credentials are accepted
     /// at the executors' upgrade beside the static tokens.
@@ -299,6 +311,11 @@ impl HarnessBuilder {
             let _ = shared.durable.set(d);
         }
         let _ = shared.relay_base.set(relay_base);
+        if let Some(r) = self.replicas {
+            let _ = shared.replica.set(replica::Replica::new(r));
+            replica::watch(&shared, format!("http://{addr}"))
+                .map_err(|e| HarnessError::Spawn(format!("replica listener: {e}")))?;
+        }
         if let Some(b) = self.blob_store {
             let _ = shared.blobs.set(b);
         }
@@ -449,6 +466,11 @@ impl HarnessHandle {
         if let Some(unix) = self.unix.take() {
             let _ = unix.await;
         }
+        // The listener thread of a replica ends within its stop check.
+        if let Some(r) = self.shared.replica.get() {
+            let db = r.db.clone();
+            let _ = tokio::task::spawn_blocking(move || db.stop()).await;
+        }
         // Flush what the actors queued before they stopped.
         if let Some(d) = self.shared.durable.get().cloned() {
             let _ = tokio::task::spawn_blocking(move || d.shutdown()).await;
@@ -457,6 +479,9 @@ impl HarnessHandle {
 
     fn stop_now(&self) {
         self.shared.shutdown.cancel();
+        if let Some(r) = self.shared.replica.get() {
+            r.db.signal_stop();
+        }
         for e in self.shared.conns.iter() {
             e.link.close(CloseCode::GoingAway, "harness shutting down");
         }

@@ -122,6 +122,9 @@ pub struct Shared {
     /// Where sessions and tool results are written through (unset: kept
     /// in memory only). Written only by the leases actor.
     pub durable: OnceLock<DurableState>,
+    /// Set when this harness is one of several replicas over PostgreSQL
+    /// (`crate::harness::replica`).
+    pub replica: OnceLock<crate::harness::replica::Replica>,
     /// Where artifacts (and later backups, skills) are kept (`None`: no
     /// data dir, artifact uploads answer 501).
     pub blobs: OnceLock<Arc<dyn crate::harness::blob::BlobStore>>,
@@ -166,6 +169,7 @@ impl Shared {
             shutdown: CancellationToken::new(),
             enrollments: OnceLock::new(),
             durable: OnceLock::new(),
+            replica: OnceLock::new(),
             blobs: OnceLock::new(),
             artifacts: Default::default(),
         })

@@ -21,6 +21,7 @@ mod file_transfer;
 mod mcp;
 mod mcp_service;
 mod method_owners;
+mod replicas;
 mod restart;
 mod restore;
 mod session_files;

@@ -50,7 +50,7 @@ fn replicas_starting_together_migrate_once() {
             .collect()
     });
     for s in &stores {
-        assert_eq!(s.schema_version().unwrap(), 2);
+        assert_eq!(s.schema_version().unwrap(), 3);
     }
     // One row per migration, not one per replica.
     let url = db.url.clone();
@@ -62,7 +62,7 @@ fn replicas_starting_together_migrate_once() {
     })
     .join()
     .unwrap();
-    assert_eq!(rows, 2);
+    assert_eq!(rows, 3);
 }
 
 #[test]

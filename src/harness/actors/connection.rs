@@ -95,6 +95,9 @@ async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
     let Some((_, entry)) = shared.conns.remove(&conn) else {
         return;
     };
+    if let Some(r) = shared.replica.get() {
+        r.forget(&entry.executor_id, conn);
+    }
     if entry.registered {
         shared
             .metrics
@@ -106,6 +109,15 @@ async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
             reason: closed.reason,
         });
     }
+}
+
+/// Whether `generation` is still the newest known of `executor_id`.
+fn replica_is_newest(
+    replica: &crate::harness::replica::Replica,
+    executor_id: &str,
+    generation: i64,
+) -> bool {
+    replica.latest(executor_id) <= generation
 }
 
 /// The largest frame the executor reads: its `maxFrameBytes`
@@ -460,6 +472,76 @@ impl ConnState {
         }
     }
 
+    /// Over several replicas: number this connection in the database,
+    /// then hand the register to the leases actor unless a newer
+    /// connection of the executor is already known (on any replica); then
+    /// this one is the older and closes with 4004 (`crate::harness::replica`).
+    ///
+    /// # Errors
+    ///
+    /// `None`: replaced, the connection was closed with 4004; else the
+    /// error to answer the register with.
+    async fn register_replicated(&self, msg: LeasesMsg) -> Result<(), Option<RpcError>> {
+        let Some(replica) = self.shared.replica.get() else {
+            return Err(Some(RpcError::internal("not a replica")));
+        };
+        let db = replica.db.clone();
+        let (exec, cid) = (self.executor_id.clone(), self.connection_id.clone());
+        let generation = tokio::task::spawn_blocking(move || db.claim_connection(&exec, &cid))
+            .await
+            .map_err(|e| Some(RpcError::internal(e.to_string())))?
+            .map_err(|e| {
+                tracing::warn!(error = %e, "cannot record the connection in the store");
+                Some(RpcError::internal("store unavailable"))
+            })?;
+        tracing::debug!(generation, "connection numbered");
+        let leases = self.shared.leases();
+        let mut msg = Some(msg);
+        // Sent under the executor's lock: this replica's registers of one
+        // executor reach the leases actor in generation order.
+        let admitted = replica.admit(&self.executor_id, self.conn, generation, || {
+            let Some(l) = leases.as_ref() else {
+                return false;
+            };
+            let Some(m) = msg.take() else {
+                return false;
+            };
+            match l.send_message(m) {
+                Ok(()) => true,
+                Err(ractor::MessagingErr::SendErr(m)) => {
+                    msg = Some(m);
+                    false
+                }
+                Err(_) => false,
+            }
+        });
+        if admitted {
+            return Ok(());
+        }
+        if let Some(m) = msg {
+            // The leases actor is restarting: wait for the next one (no
+            // order with a concurrent register; the poll settles it).
+            let shutting_down = || Some(RpcError::internal("the harness is shutting down"));
+            if self.shared.leases().is_none() || leases.is_none() {
+                return Err(shutting_down());
+            }
+            if replica_is_newest(replica, &self.executor_id, generation) {
+                return self
+                    .shared
+                    .send_leases(m)
+                    .await
+                    .map_err(|_| shutting_down());
+            }
+        }
+        tracing::info!(
+            generation,
+            "a newer connection of this executor registered meanwhile: closing with 4004"
+        );
+        self.shared.metrics.replacements.inc();
+        self.link.close(CloseCode::Replaced, "replaced");
+        Err(None)
+    }
+
     async fn register(&mut self, frame: &Inbound, reply: Responder) {
         let params: RegisterParams = match frame.params() {
             Ok(p) => p,
@@ -485,17 +567,24 @@ impl ConnState {
             None => Vec::new(),
         };
         let (tx, rx) = oneshot::channel();
-        if self
-            .shared
-            .send_leases(LeasesMsg::Register {
-                conn: self.conn,
-                executor_id: self.executor_id.clone(),
-                resume,
-                reply: tx,
-            })
-            .await
-            .is_err()
-        {
+        let msg = LeasesMsg::Register {
+            conn: self.conn,
+            executor_id: self.executor_id.clone(),
+            resume,
+            reply: tx,
+        };
+        if self.shared.replica.get().is_some() {
+            match self.register_replicated(msg).await {
+                Ok(()) => {}
+                // Replaced: closed with 4004, which is the whole answer
+                // (nothing goes out after a close frame).
+                Err(None) => {
+                    drop(reply);
+                    return;
+                }
+                Err(Some(e)) => return reply.err(e),
+            }
+        } else if self.shared.send_leases(msg).await.is_err() {
             return reply.err(RpcError::internal("the harness is shutting down"));
         }
         let Ok(registered) = rx.await else {

@@ -78,6 +78,9 @@ pub struct Assignment {
     /// The store ticket of the session's record: `session.assign` goes out
     /// only once it is durable (docs/store.md). `None`: no durable store.
     pub durable: Option<u64>,
+    /// The fencing token of the session's grant this harness knew before
+    /// this one (a reused id), for the replicas' claim in the database.
+    pub previous: Option<u64>,
 }
 
 pub enum LeasesMsg {
@@ -392,9 +395,18 @@ impl LeasesState {
                 } => self.ended(&session_id, &reason, waiters),
                 ViewEffect::Forget { session_id } => {
                     turns::forget(&self.shared, &session_id);
-                    self.shared.sessions.remove(&session_id);
+                    let gone = self.shared.sessions.remove(&session_id);
                     self.shared.lease_deadlines.remove(&session_id);
-                    self.persist(&session_id);
+                    match (gone, self.shared.durable.get()) {
+                        // Only this grant's row: over a store shared by
+                        // replicas a newer grant may be another's.
+                        (Some((_, rec)), Some(d)) => {
+                            d.delete_grant(&session_id, rec.fencing_token);
+                        }
+                        _ => {
+                            self.persist(&session_id);
+                        }
+                    }
                 }
             }
         }
@@ -617,6 +629,11 @@ impl LeasesState {
             let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
         }
         self.shared.lease_deadlines.remove(&session_id);
+        let previous = self
+            .shared
+            .sessions
+            .get(&session_id)
+            .map(|r| r.fencing_token);
         self.shared.sessions.insert(
             session_id.clone(),
             SessionInfo {
@@ -643,6 +660,7 @@ impl LeasesState {
             executor_id,
             link: entry.link,
             durable,
+            previous,
         })
     }
 

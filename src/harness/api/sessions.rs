@@ -124,6 +124,33 @@ fn shutting_down() -> ApiError {
     )
 }
 
+/// Over several replicas (docs/store.md, "Several replicas"): make this
+/// replica's fresh grant of `session_id` the session's row in the
+/// database, conditionally on the row still being the grant it knew
+/// (`previous`). Another replica's grant that won answers 409
+/// `session_exists`; a failing database 503. Without replicas: nothing.
+async fn claim(shared: &Shared, session_id: &str, previous: Option<u64>) -> Result<(), ApiError> {
+    let Some(replica) = shared.replica.get() else {
+        return Ok(());
+    };
+    let Some(snapshot) = shared.stored_session(session_id) else {
+        return Err(ApiError::session_ended(session_id));
+    };
+    let db = replica.db.clone();
+    let won = tokio::task::spawn_blocking(move || db.claim_session(&snapshot, previous))
+        .await
+        .map_err(|e| crate::harness::actors::leases::store_unavailable(e.to_string()))?
+        .map_err(|e| crate::harness::actors::leases::store_unavailable(e.to_string()))?;
+    if won {
+        return Ok(());
+    }
+    tracing::info!(session = %session_id, "another replica's grant of this session won");
+    Err(ApiError::rpc(RpcError::conflict(
+        "session_exists",
+        format!("session {session_id:?} exists (granted by another replica)"),
+    )))
+}
+
 /// A stop's waiter was dropped by a crashing leases actor.
 struct StopLost;
 
@@ -169,6 +196,18 @@ impl Sessions {
         .await??;
         let session_id = a.grant.session_id.clone();
         let token = a.grant.fencing_token;
+        // Over several replicas the database decides which grant of a
+        // session lives: a lost claim is undone before any executor hears.
+        if let Err(err) = claim(shared, &session_id, a.previous).await {
+            let _ = shared
+                .send_leases(LeasesMsg::AssignAnswered {
+                    session_id: session_id.clone(),
+                    fencing_token: token,
+                    result: Err(err.clone()),
+                })
+                .await;
+            return Err(err);
+        }
         // The session's record is durable before the executor hears of it:
         // a harness killed after `session.assign` went out knows the
         // session when the executor comes back to resume it.

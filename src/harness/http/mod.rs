@@ -4,6 +4,7 @@ pub mod artifacts;
 pub mod console;
 pub mod enrollments;
 pub mod files;
+pub mod forward;
 pub mod listener;
 pub mod mcp;
 pub mod openapi;
@@ -177,6 +178,13 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             &format!("{}/{{ticket}}", crate::harness::api::artifacts::UPLOAD_PATH),
             post(artifacts::begin).patch(artifacts::chunk),
         )
+        // Inside the path id check (the later layer is the outer), before
+        // any handler: a call another replica holds goes there, after
+        // authentication here.
+        .route_layer(middleware::from_fn_with_state(
+            app.clone(),
+            forward::forward,
+        ))
         .route_layer(middleware::from_fn(check_path_ids))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), api_auth))

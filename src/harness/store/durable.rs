@@ -92,6 +92,10 @@ pub struct Commit<'a> {
     /// tool call id), oldest first; each session keeps the newest
     /// [`RESULTS_KEPT_PER_SESSION`].
     pub results: &'a [StoredResult],
+    /// The fencing token of the grant a deleted session (`None` above)
+    /// had, when known: a store shared by replicas deletes only that
+    /// grant's row, never a newer one another replica made.
+    pub deleted_tokens: &'a HashMap<String, u64>,
     /// Reserve a block of this many fencing tokens in the same transaction.
     pub reserve: Option<u64>,
 }
@@ -137,6 +141,7 @@ pub trait DurableBackend: Send + Sync {
 struct Batch {
     /// `None`: delete the session (and its results).
     sessions: HashMap<String, Option<StoredSession>>,
+    deleted_tokens: HashMap<String, u64>,
     results: Vec<StoredResult>,
     reserve: bool,
     after: Vec<AfterCommit>,
@@ -250,8 +255,20 @@ impl DurableState {
     /// Queue the newest snapshot of a session; returns its ticket.
     pub fn put_session(&self, session: StoredSession) -> u64 {
         self.enqueue(|b| {
+            b.deleted_tokens.remove(&session.info.session_id);
             b.sessions
                 .insert(session.info.session_id.clone(), Some(session));
+        })
+    }
+
+    /// Queue the removal of a session whose grant had `fencing_token`
+    /// (retention forgot it): over a store shared by replicas, only that
+    /// grant's row goes (see [`Commit::deleted_tokens`]).
+    pub fn delete_grant(&self, session_id: &str, fencing_token: u64) -> u64 {
+        self.enqueue(|b| {
+            b.sessions.insert(session_id.to_owned(), None);
+            b.deleted_tokens
+                .insert(session_id.to_owned(), fencing_token);
         })
     }
 
@@ -259,6 +276,7 @@ impl DurableState {
     pub fn delete_session(&self, session_id: &str) -> u64 {
         self.enqueue(|b| {
             b.sessions.insert(session_id.to_owned(), None);
+            b.deleted_tokens.remove(session_id);
         })
     }
 
@@ -414,6 +432,7 @@ fn run_writer(inner: Arc<Inner>) {
         let written = loop {
             let commit = Commit {
                 sessions: &batch.sessions,
+                deleted_tokens: &batch.deleted_tokens,
                 results: &batch.results,
                 reserve: batch.reserve.then_some(FENCING_BLOCK),
             };

@@ -14,12 +14,14 @@
 //! pool (`tokio::task::spawn_blocking`).
 
 pub mod durable;
+pub mod pg_replicas;
 pub mod postgres;
 pub mod sqlite;
 
 use crate::harness::enroll::Enrollment;
 use serde::Serialize;
 
+pub use self::pg_replicas::PgReplicas;
 pub use self::postgres::PgStore;
 pub use durable::{Commit, DurableBackend, DurableState};
 pub use sqlite::SqliteStore;

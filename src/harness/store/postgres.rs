@@ -99,6 +99,22 @@ const MIGRATIONS: &[&str] = &[
         written_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         UNIQUE (session_id, tool_call_id)
     );",
+    // 3: several live replicas (docs/store.md, "Several replicas"): which
+    // replica holds each executor's newest connection (the 4004 rule), who
+    // made a session's current grant, and the replicas alive.
+    "CREATE TABLE connections (
+        executor_id TEXT PRIMARY KEY,
+        replica TEXT NOT NULL,
+        connection_id TEXT NOT NULL,
+        generation BIGINT NOT NULL,
+        written_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );
+    ALTER TABLE sessions ADD COLUMN replica TEXT;
+    CREATE TABLE replicas (
+        id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        seen_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );",
 ];
 
 /// The advisory lock migrations run under (any fixed key: "bmx_migr").
@@ -173,6 +189,11 @@ pub struct PgStore {
     /// What logs say instead of the URL.
     redacted: String,
     conn: Mutex<Option<Client>>,
+    /// Set when this harness is one of several live replicas
+    /// ([`super::pg_replicas::PgReplicas`]): session rows are then created
+    /// only by a claim, and the writer updates a row only while it holds
+    /// that row's grant.
+    replica: std::sync::OnceLock<String>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -218,6 +239,7 @@ impl PgStore {
             config,
             redacted: redact(url),
             conn: Mutex::new(None),
+            replica: std::sync::OnceLock::new(),
         };
         store.with(migrate)??;
         tracing::info!(url = %store.redacted, "postgres store ready");
@@ -244,6 +266,22 @@ impl PgStore {
         })
     }
 
+    /// Become replica `id`: see the field `replica`. Once only.
+    pub(super) fn set_replica(&self, id: &str) {
+        let _ = self.replica.set(id.to_owned());
+    }
+
+    /// A new connection of its own (the replicas' `LISTEN`), with the
+    /// same deadlines as the shared one. Blocks: call it off any runtime.
+    pub(super) fn connect_new(&self) -> Result<Client, postgres::Error> {
+        let mut client = self.config.connect(NoTls)?;
+        client.batch_execute(&format!(
+            "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+             SET lock_timeout = {STATEMENT_TIMEOUT_MS}"
+        ))?;
+        Ok(client)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Option<Client>> {
         self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -251,19 +289,14 @@ impl PgStore {
     /// Run `f` on the connection (opened or reopened first if needed),
     /// off any async thread. A connection found broken after `f` fails is
     /// dropped, so the next call (the writer retries) reconnects.
-    fn with<T: Send>(
+    pub(super) fn with<T: Send>(
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send,
     ) -> Result<T, StoreError> {
         off_runtime(|| {
             let mut guard = self.lock();
             if guard.as_ref().is_none_or(Client::is_closed) {
-                let mut client = self.config.connect(NoTls)?;
-                client.batch_execute(&format!(
-                    "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
-                     SET lock_timeout = {STATEMENT_TIMEOUT_MS}"
-                ))?;
-                *guard = Some(client);
+                *guard = Some(self.connect_new()?);
             }
             let Some(client) = guard.as_mut() else {
                 return Err(StoreError::Unavailable("no connection".into()));
@@ -596,15 +629,67 @@ impl DurableBackend for PgStore {
     }
 
     fn commit(&self, batch: &Commit<'_>) -> Result<Option<(u64, u64)>, StoreError> {
-        self.with(|c| Ok(commit(c, batch)))?
+        let replica = self.replica.get().map(String::as_str);
+        self.with(|c| Ok(commit(c, batch, replica)))?
     }
 }
 
-fn commit(c: &mut Client, b: &Commit<'_>) -> Result<Option<(u64, u64)>, StoreError> {
+/// Write a session's snapshot as replica `me`: only over the row of the
+/// same grant (its fencing token), which only this replica's claim
+/// created ([`super::pg_replicas::PgReplicas::claim_session`]). A replica
+/// that lost the claim, or whose grant was taken over, writes nothing.
+fn update_own(
+    tx: &mut postgres::Transaction<'_>,
+    id: &str,
+    s: &super::durable::StoredSession,
+    me: &str,
+) -> Result<(), StoreError> {
+    let i = &s.info;
+    tx.execute(
+        "UPDATE sessions SET executor_id = $2, state = $4, connection_id = $5, \
+         lease_expires_at_ms = $6, ended_reason = $7, info = $8, replica = $9, \
+         written_at = now() WHERE session_id = $1 AND fencing_token = $3",
+        &[
+            &id,
+            &i.executor_id,
+            &big(i.fencing_token)?,
+            &state_name(i.state),
+            &i.connection_id,
+            &s.lease_expires_at_ms.map(big).transpose()?,
+            &i.ended_reason,
+            &serde_json::to_string(i)?,
+            &me,
+        ],
+    )?;
+    Ok(())
+}
+
+fn commit(
+    c: &mut Client,
+    b: &Commit<'_>,
+    replica: Option<&str>,
+) -> Result<Option<(u64, u64)>, StoreError> {
     let mut tx = c.transaction()?;
     for (id, row) in b.sessions {
-        match row {
-            Some(s) => {
+        match (row, replica) {
+            (Some(s), Some(me)) => update_own(&mut tx, id, s, me)?,
+            (None, Some(me)) => {
+                // Only the grant this replica forgets, never another's.
+                let gone = match b.deleted_tokens.get(id) {
+                    Some(t) => tx.execute(
+                        "DELETE FROM sessions WHERE session_id = $1 AND fencing_token = $2",
+                        &[id, &big(*t)?],
+                    )?,
+                    None => tx.execute(
+                        "DELETE FROM sessions WHERE session_id = $1 AND replica = $2",
+                        &[id, &me],
+                    )?,
+                };
+                if gone > 0 {
+                    tx.execute("DELETE FROM tool_results WHERE session_id = $1", &[id])?;
+                }
+            }
+            (Some(s), None) => {
                 let i = &s.info;
                 // A snapshot of an older grant never overwrites a newer
                 // one (another replica's): the database decides.
@@ -631,7 +716,7 @@ fn commit(c: &mut Client, b: &Commit<'_>) -> Result<Option<(u64, u64)>, StoreErr
                     ],
                 )?;
             }
-            None => {
+            (None, None) => {
                 tx.execute("DELETE FROM sessions WHERE session_id = $1", &[id])?;
                 tx.execute("DELETE FROM tool_results WHERE session_id = $1", &[id])?;
             }

@@ -1,0 +1,162 @@
+//! API calls on any replica (docs/store.md, "Several replicas"): a call
+//! about a session this replica does not know, or creating a session on an
+//! executor connected elsewhere, is forwarded over HTTP to the replica
+//! that holds it, rather than redirected: a platform then needs one URL
+//! and no redirect handling for POSTs with bodies.
+//!
+//! The owner comes from the database (`sessions.replica`, or
+//! `connections.replica` for a create naming an executor), joined with
+//! `replicas`: a replica not seen for a lease TTL is dead and is not
+//! forwarded to (the call is then answered here, as without replicas).
+//! The forwarded call carries this harness's API token (replicas of one
+//! platform share it) and a marker header, so it is never forwarded
+//! twice. Only plain HTTP calls are forwarded: WebSocket upgrades
+//! (event streams, relays) are answered here.
+
+use super::App;
+use crate::harness::error::ApiError;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{header, Method};
+use std::time::Duration;
+use tracing::Instrument;
+
+/// Marks a forwarded call; a replica never forwards such a call again.
+pub const FORWARDED: &str = "x-bmx-forwarded-by";
+
+/// The largest `POST /v1/sessions` body read to find its `executorId`:
+/// the route's own limit (axum's default), so a body it would take is
+/// never refused here.
+const CREATE_BODY_MAX: usize = 2 << 20;
+
+/// Who to ask for the owner of a call.
+enum Owner {
+    Session(String),
+    Executor(String),
+}
+
+/// The middleware: forward when another live replica holds the call's
+/// session or executor; else serve it here.
+pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) -> Response {
+    let shared = &app.shared;
+    let Some(replica) = shared.replica.get() else {
+        return next.run(req).await;
+    };
+    if req.headers().contains_key(FORWARDED) || req.headers().contains_key(header::UPGRADE) {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_owned();
+    let (req, owner) = if let Some(rest) = path.strip_prefix("/v1/sessions/") {
+        let id = rest.split('/').next().unwrap_or_default().to_owned();
+        if id.is_empty() || shared.sessions.contains_key(&id) {
+            return next.run(req).await;
+        }
+        (req, Owner::Session(id))
+    } else if path == "/v1/sessions" && req.method() == Method::POST {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, CREATE_BODY_MAX).await {
+            Ok(b) => b,
+            Err(_) => {
+                return ApiError::with_status(
+                    413,
+                    crate::wire::RpcError::invalid_request(
+                        "payload_too_large",
+                        "request body too large",
+                    ),
+                )
+                .into_response()
+            }
+        };
+        let executor = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v["executorId"].as_str().map(str::to_owned));
+        let req = Request::from_parts(parts, Body::from(bytes));
+        match executor {
+            Some(e) if !shared.executors.contains_key(&e) => (req, Owner::Executor(e)),
+            _ => return next.run(req).await,
+        }
+    } else {
+        return next.run(req).await;
+    };
+    let db = replica.db.clone();
+    let alive = shared.config.lease_ttl_ms;
+    let found = tokio::task::spawn_blocking(move || match owner {
+        Owner::Session(id) => db.session_owner(&id, alive),
+        Owner::Executor(id) => db.executor_owner(&id, alive),
+    })
+    .await;
+    let (to, url) = match found {
+        Ok(Ok(Some(o))) => o,
+        Ok(Ok(None)) => return next.run(req).await,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot look up the owning replica; answering here");
+            return next.run(req).await;
+        }
+        Err(e) => return ApiError::internal(e.to_string()).into_response(),
+    };
+    let span = tracing::debug_span!("forward", to = %to, %path);
+    match send(&app, req, &url).instrument(span).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "forwarding to the owning replica failed");
+            ApiError::with_status(
+                502,
+                crate::wire::RpcError::internal(format!("replica {to} did not answer"))
+                    .with_reason("replica_unreachable"),
+            )
+            .into_response()
+        }
+    }
+}
+
+/// Send `req` to the replica at `base` and hand its answer back, bodies
+/// streamed both ways.
+async fn send(app: &App, req: Request, base: &str) -> Result<Response, reqwest::Error> {
+    let shared = &app.shared;
+    let client = shared
+        .replica
+        .get()
+        .map(|r| r.http.clone())
+        .unwrap_or_default();
+    let (parts, body) = req.into_parts();
+    let target = format!(
+        "{}{}",
+        base.trim_end_matches('/'),
+        parts.uri.path_and_query().map_or("/", |p| p.as_str())
+    );
+    let me = shared.replica.get().map_or("", |r| r.db.id()).to_owned();
+    let mut out = client
+        .request(parts.method.clone(), target)
+        .header(FORWARDED, me)
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    for name in [header::CONTENT_TYPE, header::ACCEPT, header::IF_MATCH] {
+        if let Some(v) = parts.headers.get(&name) {
+            out = out.header(name, v.clone());
+        }
+    }
+    if let Some(t) = &shared.config.api_token {
+        out = out.bearer_auth(t.expose());
+    }
+    let resp = out.send().await?;
+    let mut answer = Response::builder().status(resp.status().as_u16());
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL, header::ETAG] {
+        if let Some(v) = resp.headers().get(&name) {
+            answer = answer.header(name, v.clone());
+        }
+    }
+    Ok(answer
+        .body(Body::from_stream(resp.bytes_stream()))
+        .unwrap_or_else(|_| ApiError::internal("bad forwarded answer").into_response()))
+}
+
+/// The client forwarded calls go out on (connect deadline; no overall one:
+/// a tool call may wait as long as the tool runs, and the caller's own
+/// deadline still applies).
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap_or_default()
+}

@@ -1,0 +1,424 @@
+//! Several live harness replicas over one PostgreSQL database
+//! (docs/store.md, "Several replicas"): the database calls of the
+//! cross-replica rules. What to do with their answers (close a connection
+//! with 4004, refuse a grant with 409) is the harness's
+//! ([`crate::harness::replica`]); nothing here knows about sockets.
+//!
+//! * **The 4004 rule.** Registering an executor's connection bumps that
+//!   executor's row of `connections` and notifies every replica
+//!   (`pg_notify('bmx_connections', '<generation> <executor id>')`) in the
+//!   same transaction, so the notification goes out exactly when the new
+//!   generation is visible. Each replica `LISTEN`s on a connection of its
+//!   own ([`PgReplicas::watch`]) and, because a notification can be lost
+//!   (the listening connection breaks and is reopened), also reads the
+//!   generations of its own executors every poll interval: a superseded
+//!   connection is seen at the latest one poll interval (plus a query)
+//!   after the newer one registered.
+//! * **Session grants.** A grant becomes a session's row only through
+//!   [`PgReplicas::claim_session`], a single conditional statement: the
+//!   database, not any replica's memory, decides which of two racing
+//!   grants of one session wins, and a grant's fencing token only ever
+//!   grows per session.
+//! * **Liveness.** Each replica upserts its row of `replicas` (`seen_at =
+//!   now()`, the database clock) every poll interval.
+
+use super::durable::{state_name, StoredSession};
+use super::postgres::PgStore;
+use super::StoreError;
+use postgres::fallible_iterator::FallibleIterator;
+use postgres::Client;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The channel every replica listens on.
+const CHANNEL: &str = "bmx_connections";
+
+/// How long the listener blocks at most before looking at its stop flag.
+const STOP_CHECK: Duration = Duration::from_millis(200);
+
+/// Pause before reopening a broken listening connection.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// An executor's connection generation, as the database numbered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    pub executor_id: String,
+    pub generation: i64,
+}
+
+/// The replica side of a PostgreSQL store. Calls block: async callers use
+/// `spawn_blocking`.
+pub struct PgReplicas {
+    store: Arc<PgStore>,
+    id: String,
+    stop: Arc<AtomicBool>,
+    listener: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for PgReplicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgReplicas").field("id", &self.id).finish()
+    }
+}
+
+/// A random replica id (12 hex digits), for a process not given one.
+pub fn random_replica_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+impl PgReplicas {
+    /// Make `store` the store of replica `id`: from now on its writer only
+    /// updates session rows of grants this replica claimed.
+    pub fn new(store: Arc<PgStore>, id: impl Into<String>) -> PgReplicas {
+        let id = id.into();
+        store.set_replica(&id);
+        PgReplicas {
+            store,
+            id,
+            stop: Arc::new(AtomicBool::new(false)),
+            listener: Mutex::new(None),
+        }
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Record `connection_id` (on this replica) as the newest connection
+    /// of `executor_id` and tell every replica; returns its generation,
+    /// larger than that of every earlier connection of the executor on
+    /// any replica.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn claim_connection(
+        &self,
+        executor_id: &str,
+        connection_id: &str,
+    ) -> Result<i64, StoreError> {
+        self.store.with(|c| {
+            let mut tx = c.transaction()?;
+            let generation: i64 = tx
+                .query_one(
+                    "INSERT INTO connections (executor_id, replica, connection_id, generation) \
+                     VALUES ($1, $2, $3, 1) \
+                     ON CONFLICT (executor_id) DO UPDATE SET \
+                     generation = connections.generation + 1, replica = excluded.replica, \
+                     connection_id = excluded.connection_id, written_at = now() \
+                     RETURNING generation",
+                    &[&executor_id, &self.id, &connection_id],
+                )?
+                .get(0);
+            // Delivered at commit, when the generation is visible.
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&CHANNEL, &format!("{generation} {executor_id}")],
+            )?;
+            tx.commit()?;
+            Ok(generation)
+        })
+    }
+
+    /// Make `session` (a fresh grant of this replica) the session's row,
+    /// if the row is still the grant this replica knew (`previous`: its
+    /// fencing token, `None` when it knew no row) and the new token is
+    /// larger. `Ok(false)`: another replica's grant won; this one must not
+    /// reach an executor.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn claim_session(
+        &self,
+        session: &StoredSession,
+        previous: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let i = &session.info;
+        let token = big(i.fencing_token)?;
+        let previous = previous.map(big).transpose()?;
+        let info = serde_json::to_string(i)?;
+        let expires = session.lease_expires_at_ms.map(big).transpose()?;
+        let state = state_name(i.state);
+        let won = self.store.with(|c| {
+            // One statement: a row lock orders racing claims, and each
+            // sees the row the one before left. The same grant claimed
+            // again (a retry) is a success too.
+            let row = c.query_opt(
+                "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
+                 connection_id, lease_expires_at_ms, ended_reason, info, replica) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (session_id) DO UPDATE SET executor_id = excluded.executor_id, \
+                 fencing_token = excluded.fencing_token, state = excluded.state, \
+                 connection_id = excluded.connection_id, \
+                 lease_expires_at_ms = excluded.lease_expires_at_ms, \
+                 ended_reason = excluded.ended_reason, info = excluded.info, \
+                 replica = excluded.replica, written_at = now() \
+                 WHERE (sessions.fencing_token = $10 \
+                        AND sessions.fencing_token < excluded.fencing_token) \
+                    OR (sessions.fencing_token = excluded.fencing_token \
+                        AND sessions.replica = excluded.replica) \
+                 RETURNING fencing_token",
+                &[
+                    &i.session_id,
+                    &i.executor_id,
+                    &token,
+                    &state,
+                    &i.connection_id,
+                    &expires,
+                    &i.ended_reason,
+                    &info,
+                    &self.id,
+                    &previous,
+                ],
+            )?;
+            Ok(row.is_some())
+        })?;
+        Ok(won)
+    }
+
+    /// The replica other than this one that made the current grant of
+    /// `session_id`, with its URL, if it was seen within `alive_ms` (by
+    /// the database's clock). `None`: this replica's, unknown, or dead.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn session_owner(
+        &self,
+        session_id: &str,
+        alive_ms: u64,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        self.owner(
+            "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
+             WHERE s.session_id = $1 AND r.id <> $2 \
+             AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond'",
+            session_id,
+            alive_ms,
+        )
+    }
+
+    /// The replica other than this one holding the newest connection of
+    /// `executor_id`, with its URL, if it was seen within `alive_ms`.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn executor_owner(
+        &self,
+        executor_id: &str,
+        alive_ms: u64,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        self.owner(
+            "SELECT r.id, r.url FROM connections c JOIN replicas r ON r.id = c.replica \
+             WHERE c.executor_id = $1 AND r.id <> $2 \
+             AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond'",
+            executor_id,
+            alive_ms,
+        )
+    }
+
+    fn owner(
+        &self,
+        sql: &str,
+        key: &str,
+        alive_ms: u64,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        let alive = big(alive_ms)?;
+        let row = self
+            .store
+            .with(|c| c.query_opt(sql, &[&key, &self.id, &alive]))?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// Start the listener thread: `on` gets every generation another
+    /// connection registration announces, and, every `poll`, the current
+    /// generation of each executor `local()` names (what covers a lost
+    /// notification). Each `poll` the replica's row of `replicas` is
+    /// refreshed with `url`. Runs until [`PgReplicas::stop`].
+    ///
+    /// # Errors
+    ///
+    /// The thread cannot be started.
+    pub fn watch(
+        &self,
+        poll: Duration,
+        url: String,
+        local: impl Fn() -> Vec<String> + Send + 'static,
+        on: impl Fn(Generation) + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let store = self.store.clone();
+        let stop = self.stop.clone();
+        let id = self.id.clone();
+        let handle = std::thread::Builder::new()
+            .name("bmx-replicas".into())
+            .spawn(move || {
+                let span = tracing::info_span!("replicas", replica = %id);
+                let _g = span.enter();
+                listen(&store, &stop, &id, &url, poll, &local, &on);
+            })?;
+        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
+        Ok(())
+    }
+
+    /// Tell the listener thread to stop, without waiting for it.
+    pub fn signal_stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Stop the listener thread and wait for it (at most one
+    /// [`STOP_CHECK`] plus a query in flight).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let handle = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for PgReplicas {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn big(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
+}
+
+/// `"<generation> <executor id>"` (the id may hold spaces: it is the rest).
+fn parse(payload: &str) -> Option<Generation> {
+    let (g, id) = payload.split_once(' ')?;
+    Some(Generation {
+        executor_id: id.to_owned(),
+        generation: g.parse().ok()?,
+    })
+}
+
+/// The listener loop: (re)connect and `LISTEN`, hand over notifications,
+/// poll the table and heartbeat the replica's row every `poll`.
+fn listen(
+    store: &PgStore,
+    stop: &AtomicBool,
+    id: &str,
+    url: &str,
+    poll: Duration,
+    local: &dyn Fn() -> Vec<String>,
+    on: &dyn Fn(Generation),
+) {
+    let mut client: Option<Client> = None;
+    let mut next_poll = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let Some(c) = client.as_mut() else {
+            match store.connect_new().and_then(|mut c| {
+                c.batch_execute(&format!("LISTEN {CHANNEL}"))?;
+                Ok(c)
+            }) {
+                Ok(c) => {
+                    client = Some(c);
+                    // Whatever was announced while not listening.
+                    next_poll = Instant::now();
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for connection generations; retrying");
+                    sleep_unless(stop, RECONNECT_PAUSE);
+                }
+            }
+            continue;
+        };
+        let wait = next_poll
+            .saturating_duration_since(Instant::now())
+            .min(STOP_CHECK);
+        let mut broken = false;
+        {
+            let mut notes = c.notifications();
+            let mut it = notes.timeout_iter(wait);
+            loop {
+                match it.next() {
+                    Ok(Some(n)) => match parse(n.payload()) {
+                        Some(g) => on(g),
+                        None => tracing::warn!(payload = n.payload(), "bad notification"),
+                    },
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "listening connection lost");
+                        broken = true;
+                        break;
+                    }
+                }
+            }
+        }
+        if !broken && Instant::now() >= next_poll {
+            next_poll = Instant::now() + poll;
+            if let Err(e) = poll_once(c, id, url, &local(), on) {
+                tracing::warn!(error = %e, "polling connection generations failed");
+                broken = c.is_closed();
+            }
+        }
+        if broken {
+            client = None;
+        }
+    }
+}
+
+/// Heartbeat this replica's row, then hand over the current generation of
+/// each of `executors`.
+fn poll_once(
+    c: &mut Client,
+    id: &str,
+    url: &str,
+    executors: &[String],
+    on: &dyn Fn(Generation),
+) -> Result<(), postgres::Error> {
+    c.execute(
+        "INSERT INTO replicas (id, url) VALUES ($1, $2) \
+         ON CONFLICT (id) DO UPDATE SET url = excluded.url, seen_at = now()",
+        &[&id, &url],
+    )?;
+    if executors.is_empty() {
+        return Ok(());
+    }
+    for row in c.query(
+        "SELECT executor_id, generation FROM connections WHERE executor_id = ANY($1)",
+        &[&executors],
+    )? {
+        on(Generation {
+            executor_id: row.try_get(0)?,
+            generation: row.try_get(1)?,
+        });
+    }
+    Ok(())
+}
+
+fn sleep_unless(stop: &AtomicBool, total: Duration) {
+    let end = Instant::now() + total;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+        std::thread::sleep(STOP_CHECK.min(end.saturating_duration_since(Instant::now())));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_parse() {
+        assert_eq!(
+            parse("7 exec a"),
+            Some(Generation {
+                executor_id: "exec a".into(),
+                generation: 7
+            })
+        );
+        assert_eq!(parse("x exec"), None);
+        assert_eq!(parse("7"), None);
+    }
+}
