@@ -571,6 +571,11 @@ pub fn attach_pty(
     };
     let pty = nix::pty::openpty(Some(&size), None)?;
     let (master, slave) = (pty.master, pty.slave);
+    if let Some(u) = super::run_as::get() {
+        // The terminal is its user's, as `login` makes it: a program that
+        // opens its tty by name (`/dev/tty`, `ttyname`) gets in.
+        nix::unistd::fchown(&slave, Some(nix::unistd::Uid::from_raw(u.uid)), None)?;
+    }
     nix::fcntl::fcntl(
         &master,
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
