@@ -23,6 +23,7 @@ mod mcp_service;
 mod method_owners;
 mod restart;
 mod restore;
+mod rfb;
 mod session_files;
 mod skills;
 mod supervision;
