@@ -266,3 +266,132 @@ async fn rfb_handshake_through_the_relay() {
     executor.shutdown().await;
     h.shutdown().await;
 }
+
+/// Dial the display relay as an executor would; the HTTP status when
+/// refused.
+async fn dial_display(base: &str, url: &str, bearer: &str) -> Result<Ws, u16> {
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        http::header::AUTHORIZATION,
+        format!("Bearer {bearer}").parse().unwrap(),
+    );
+    let tcp = tokio::net::TcpStream::connect(base.trim_start_matches("ws://"))
+        .await
+        .unwrap();
+    match tokio_tungstenite::client_async(req, tcp).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("relay dial: {e}"),
+    }
+}
+
+/// The relay with scripted executors: the executor's ticket is
+/// single-use and its secret stays out of the URL, bytes pass both ways
+/// untouched, the executor's refusal is an HTTP error before the
+/// upgrade, and an executor without `rfb` gets no viewer URL (501).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripted_executor_tickets_bytes_and_refusals() {
+    use bmx::wire::types::{
+        Capabilities, DisplayCapability, DisplayRfbParams, DisplayRfbResult, RegisterResult,
+    };
+    use bmx::wire::{Method, RpcError};
+    use harness_common::{create_session, dial, register_params, WAIT};
+    let h = harness_common::harness().await;
+    let client = harness_common::api(&h);
+    let mut fakes = Vec::new();
+    for (token, rfb) in [("secret-a", true), ("secret-b", false)] {
+        let fake = dial(&h, token).await.unwrap();
+        let mut params = register_params(None);
+        params.capabilities = Capabilities {
+            display: Some(DisplayCapability { desktop: true, rfb }),
+            ..Default::default()
+        };
+        let _: RegisterResult = fake
+            .link
+            .request(Method::ExecutorRegister, &params, WAIT)
+            .await
+            .unwrap();
+        fake.keep_alive();
+        fakes.push(fake);
+    }
+    let mut b = fakes.pop().unwrap();
+    let mut a = fakes.pop().unwrap();
+    let sa = create_session(&h, &mut a, json!({"executorId": "exec-a"})).await;
+    let sa = sa["sessionId"].as_str().unwrap().to_owned();
+    let sb = create_session(&h, &mut b, json!({"executorId": "exec-b"})).await;
+    let sb = sb["sessionId"].as_str().unwrap().to_owned();
+
+    // No rfb: no viewer URL.
+    let (status, e) = client
+        .post(&format!("/v1/sessions/{sb}/display/rfb"), &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(status, 501, "{e}");
+
+    let offer = |sid: String| {
+        let client = client.clone();
+        async move {
+            let (status, o) = client
+                .post(&format!("/v1/sessions/{sid}/display/rfb"), &json!({}))
+                .await
+                .unwrap();
+            assert_eq!(status, 200, "{o}");
+            o["url"].as_str().unwrap().to_owned()
+        }
+    };
+    let url = offer(sa.clone()).await;
+    let viewer = tokio::spawn(async move { open(&url).await });
+    let (p, reply): (DisplayRfbParams, _) = a.expect(Method::DisplayRfb).await;
+    assert_eq!(p.session_id, sa);
+    let base = h.relay_url();
+    assert!(
+        p.host.url.starts_with(&format!("{base}/v1/relay/display/")),
+        "{}",
+        p.host.url
+    );
+    let (id, secret) = p.host.ticket.split_once('.').unwrap();
+    assert!(p.host.url.ends_with(id) && !p.host.url.contains(secret));
+    let wrong = format!("{id}.{}", "0".repeat(64));
+    assert_eq!(
+        dial_display(&base, &p.host.url, &wrong).await.err(),
+        Some(401)
+    );
+    let mut exec = dial_display(&base, &p.host.url, &p.host.ticket)
+        .await
+        .expect("the ticket works");
+    assert_eq!(
+        dial_display(&base, &p.host.url, &p.host.ticket).await.err(),
+        Some(401),
+        "single use"
+    );
+    reply.ok(&DisplayRfbResult {
+        accepted: true,
+        display: ":9".into(),
+    });
+    let mut v = Rfb {
+        ws: viewer.await.unwrap().expect("the viewer is upgraded"),
+        buf: Vec::new(),
+    };
+    // Bytes pass as they are, both ways.
+    exec.send(Message::Binary(b"RFB 003.008\n".to_vec().into()))
+        .await
+        .unwrap();
+    assert_eq!(v.read(12).await, b"RFB 003.008\n");
+    v.write(b"RFB 003.008\n").await;
+    let got = tokio::time::timeout(DEADLINE, exec.next()).await.unwrap();
+    assert!(
+        matches!(&got, Some(Ok(Message::Binary(b))) if &b[..] == b"RFB 003.008\n"),
+        "{got:?}"
+    );
+    // The executor's end ends the viewer.
+    exec.close(None).await.unwrap();
+    v.ended().await;
+
+    // The executor cannot serve the display: 502 before any upgrade.
+    let url = offer(sa.clone()).await;
+    let viewer = tokio::spawn(async move { open(&url).await });
+    let (_, reply): (DisplayRfbParams, _) = a.expect(Method::DisplayRfb).await;
+    reply.err(RpcError::resource_unavailable("no Xvfb").with_reason("display_error"));
+    assert_eq!(viewer.await.unwrap().err(), Some(502));
+    h.shutdown().await;
+}
