@@ -155,6 +155,7 @@ fn typed_params(method: Method, f: &Inbound) {
         FsMount => FsParams,
         FsUnmount => FsParams,
         ArtifactUpload => ArtifactUploadParams,
+        DisplayRfb => DisplayRfbParams,
     }
 }
 

@@ -7,6 +7,7 @@ pub mod harness;
 pub mod local;
 pub mod mcp;
 pub mod peer;
+pub mod rfb;
 pub mod scale;
 pub mod turns;
 pub mod visor;

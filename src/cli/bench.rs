@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, computer, harness, mcp, scale, turns, visor};
+use crate::bench::{buffering, computer, harness, mcp, rfb, scale, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -57,6 +57,15 @@ pub enum BenchCommand {
         /// Calls per row.
         #[arg(long, default_value_t = 200)]
         calls: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The display's VNC: connect to ServerInit through the harness's
+    /// relay against the same handshake on x11vnc's Unix socket.
+    Rfb {
+        /// Connects per row.
+        #[arg(long, default_value_t = 50)]
+        connects: usize,
         #[arg(long)]
         json: bool,
     },
@@ -251,6 +260,12 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 calls: calls.max(1),
             };
             report("computer", json, computer::run(&opts).await, |r| r.table())
+        }
+        BenchCommand::Rfb { connects, json } => {
+            let opts = rfb::RfbOptions {
+                connects: connects.max(1),
+            };
+            report("rfb", json, rfb::run(&opts).await, |r| r.table())
         }
         BenchCommand::Mcp {
             command,

@@ -124,13 +124,14 @@ impl Shared {
                 ..Default::default()
             }),
             shell: Some(ShellCapability { enabled: true }),
-            // Issue 20: computer use on an Xvfb display; RFB is not built.
-            display: crate::executor::actors::display::xvfb_available().then_some(
+            // Issue 20: computer use on an Xvfb display; RFB (`display.rfb`)
+            // when x11vnc is there too.
+            display: crate::executor::actors::display::xvfb_available().then(|| {
                 crate::wire::types::DisplayCapability {
                     desktop: true,
-                    rfb: false,
-                },
-            ),
+                    rfb: crate::executor::actors::display::rfb_available(),
+                }
+            }),
             artifacts: crate::executor::artifacts::ENABLED.then_some(
                 crate::wire::types::ArtifactsCapability {
                     upload: true,

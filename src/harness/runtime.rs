@@ -78,6 +78,8 @@ pub struct Shared {
     pub terminals: TerminalRegistry,
     /// Terminal relays: outstanding tickets, live relays.
     pub relays: Relays,
+    /// Display relays: outstanding viewer tickets (`display.rfb`).
+    pub rfb: crate::harness::http::rfb::RfbTickets,
     /// Base URL executors dial for relays; set once the listener is bound.
     pub relay_base: OnceLock<String>,
     /// (session, serverKey) → its MCP channel actor; each entry written
@@ -151,6 +153,7 @@ impl Shared {
             on_event,
             terminals: TerminalRegistry::default(),
             relays: Relays::default(),
+            rfb: Default::default(),
             relay_base: OnceLock::new(),
             mcp_channels: DashMap::new(),
             mcp_tools: DashMap::new(),

@@ -153,6 +153,9 @@ methods! {
     FsUnmount = "fs.unmount", ToExecutor, Request, V1_1, None, Session;
     // bmx extension (docs/protocol.md, "Artifacts, backups and skills").
     ArtifactUpload = "artifact.upload", ToExecutor, Request, V1_1, Some("sessionId + digest"), Session;
+    // bmx extension (docs/protocol.md, "Computer use"): the display's VNC
+    // through the relay; every request is a new stream.
+    DisplayRfb = "display.rfb", ToExecutor, Request, V1_1, None, Session;
 }
 
 /// One row of the method table.
@@ -296,6 +299,7 @@ mod tests {
             (FsMount, Session),
             (FsUnmount, Session),
             (ArtifactUpload, Session),
+            (DisplayRfb, Session),
         ];
         assert_eq!(expected.len(), METHODS.len());
         for (i, (method, owner)) in expected.iter().enumerate() {

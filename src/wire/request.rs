@@ -18,12 +18,12 @@ use super::error::RpcError;
 use super::frame::Inbound;
 use super::method::{Method, Owner};
 use super::types::{
-    ArtifactUploadParams, AssignParams, DrainParams, InteractionResponseParams, McpCloseParams,
-    McpFrameParams, McpOpenParams, ProcessReadParams, ProcessRefParams, ProcessStartParams,
-    ProcessTerminateParams, ProcessWriteParams, SessionCloseParams, SessionRefParams,
-    SkillInstallParams, StopParams, TerminalAttachParams, TerminalCloseParams, TerminalInputParams,
-    TerminalOpenParams, TerminalResizeParams, ToolCallParams, ToolCancelParams, TurnCancelParams,
-    TurnInputParams, TurnStartParams, WorkspaceBackupParams,
+    ArtifactUploadParams, AssignParams, DisplayRfbParams, DrainParams, InteractionResponseParams,
+    McpCloseParams, McpFrameParams, McpOpenParams, ProcessReadParams, ProcessRefParams,
+    ProcessStartParams, ProcessTerminateParams, ProcessWriteParams, SessionCloseParams,
+    SessionRefParams, SkillInstallParams, StopParams, TerminalAttachParams, TerminalCloseParams,
+    TerminalInputParams, TerminalOpenParams, TerminalResizeParams, ToolCallParams,
+    ToolCancelParams, TurnCancelParams, TurnInputParams, TurnStartParams, WorkspaceBackupParams,
 };
 
 /// Generates, per owner: the enum, `method()`, one accessor per key field
@@ -163,6 +163,7 @@ requests! {
         ToolCancel(ToolCancelParams),
         SessionClose(SessionCloseParams),
         ArtifactUpload(ArtifactUploadParams),
+        DisplayRfb(DisplayRfbParams),
         WorkspaceBackup(WorkspaceBackupParams),
         SkillInstall(SkillInstallParams),
     }

@@ -78,7 +78,8 @@ async fn typed_into_an_xterm_and_seen_on_the_screen() {
         rig.registered.capabilities.display,
         Some(DisplayCapability {
             desktop: true,
-            rfb: false
+            // RFB (tests/harness/rfb.rs) when the VNC server is there too.
+            rfb: on_path("x11vnc")
         })
     );
     rig.assign("s").await;

@@ -24,6 +24,7 @@ mod method_owners;
 mod replicas;
 mod restart;
 mod restore;
+mod rfb;
 mod session_files;
 mod skills;
 mod supervision;

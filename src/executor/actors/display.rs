@@ -12,6 +12,12 @@
 //!
 //! Xvfb carries the session's scope tag, so the session's final sweep kills
 //! it with every X client the session's processes started.
+//!
+//! `display.rfb` (the display as VNC through the harness's relay) is in
+//! [`rfb`]: x11vnc, started on the first request, is owned by this actor
+//! and dies with it, as do the viewer streams (tasks of this actor).
+
+pub mod rfb;
 
 use crate::tools::computer::{self, Action};
 use crate::tools::{Outcome as ToolOutcome, ToolOutput};
@@ -35,15 +41,26 @@ const START: Duration = Duration::from_secs(10);
 /// Time one observe or action may take.
 const CALL: Duration = Duration::from_secs(10);
 
-/// Whether `Xvfb` is on `PATH` (the capability is advertised only then).
-pub fn xvfb_available() -> bool {
+/// Whether an executable `name` is on `PATH`.
+fn on_path(name: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {
         std::env::split_paths(&p).any(|d| {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(d.join("Xvfb"))
+            std::fs::metadata(d.join(name))
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
     })
+}
+
+/// Whether `Xvfb` is on `PATH` (the capability is advertised only then).
+pub fn xvfb_available() -> bool {
+    on_path("Xvfb")
+}
+
+/// Whether `display.rfb` can work: `Xvfb` and `x11vnc` are on `PATH`
+/// (`rfb: true` is advertised only then).
+pub fn rfb_available() -> bool {
+    xvfb_available() && on_path("x11vnc")
 }
 
 pub enum DisplayMsg {
@@ -53,6 +70,12 @@ pub enum DisplayMsg {
     Act {
         input: serde_json::Value,
         reply: oneshot::Sender<(ToolOutput, Vec<ContentBlock>)>,
+    },
+    /// `display.rfb`: relay this display's VNC to `host`; the stream
+    /// answers `reply` once it has dialed.
+    Rfb {
+        host: crate::wire::types::AttachHost,
+        reply: crate::wire::Responder,
     },
 }
 
@@ -79,6 +102,12 @@ pub struct DisplayState {
     x: Arc<Screen>,
     /// `:N`.
     name: String,
+    /// Scope and environment, for x11vnc.
+    args: DisplayArgs,
+    /// x11vnc, from the first `display.rfb`.
+    vnc: Option<rfb::Vnc>,
+    /// The RFB viewer streams (at most [`rfb::MAX_STREAMS`]).
+    streams: tokio::task::JoinSet<()>,
 }
 
 /// A connection to an X display: the screen grab and the XTEST input the
@@ -446,6 +475,9 @@ impl Actor for Display {
             xvfb,
             x: Arc::new(x),
             name,
+            args,
+            vnc: None,
+            streams: tokio::task::JoinSet::new(),
         })
     }
 
@@ -454,8 +486,13 @@ impl Actor for Display {
         _myself: ActorRef<DisplayMsg>,
         state: &mut DisplayState,
     ) -> Result<(), ActorProcessingErr> {
-        // Xvfb's group, then Xvfb itself; the X clients lose their server
-        // and the session's sweep kills what carries its tag.
+        // The viewers, then x11vnc, then Xvfb's group and Xvfb itself; the
+        // X clients lose their server and the session's sweep kills what
+        // carries its tag.
+        state.streams.abort_all();
+        if let Some(mut vnc) = state.vnc.take() {
+            vnc.stop().await;
+        }
         if let Some(pid) = state.xvfb.id() {
             let _ = nix::sys::signal::killpg(
                 nix::unistd::Pid::from_raw(pid as i32),
@@ -511,7 +548,57 @@ impl Actor for Display {
                 };
                 let _ = reply.send(out);
             }
+            DisplayMsg::Rfb { host, reply } => self.rfb(state, host, reply).await,
         }
         Ok(())
+    }
+}
+
+impl Display {
+    /// Start a viewer stream: x11vnc first if it is not running (it may
+    /// have died: then a new one), then a task that dials the relay.
+    async fn rfb(
+        &self,
+        state: &mut DisplayState,
+        host: crate::wire::types::AttachHost,
+        reply: crate::wire::Responder,
+    ) {
+        while state.streams.try_join_next().is_some() {}
+        if state.streams.len() >= rfb::MAX_STREAMS {
+            return reply.err(rfb::RfbError::Full.rpc());
+        }
+        let running = state.vnc.as_mut().map(|v| (v.alive(), v.socket()));
+        let socket = match running {
+            Some((true, socket)) => socket,
+            _ => {
+                if let Some(mut dead) = state.vnc.take() {
+                    dead.stop().await;
+                }
+                let env = match state.args.env.build(
+                    None,
+                    crate::process::env::Tty::No,
+                    &state.args.scope,
+                ) {
+                    Ok(env) => env,
+                    Err(e) => return reply.err(rfb::RfbError::Start(e.to_string()).rpc()),
+                };
+                match rfb::Vnc::start(&state.name, env).await {
+                    Ok(v) => {
+                        let socket = v.socket();
+                        state.vnc = Some(v);
+                        socket
+                    }
+                    Err(e) => {
+                        tracing::warn!(display = %state.name, error = %e, "no VNC server");
+                        return reply.err(e.rpc());
+                    }
+                }
+            }
+        };
+        let span = tracing::info_span!("rfb", display = %state.name);
+        state.streams.spawn(tracing::Instrument::instrument(
+            rfb::serve(socket, host, state.name.clone(), reply),
+            span,
+        ));
     }
 }

@@ -60,6 +60,7 @@ fn missing_capability(shared: &Shared, method: Method) -> Option<&'static str> {
             shared.config.agents.is_empty().then_some("agent")
         }
         ArtifactUpload => (!crate::executor::artifacts::ENABLED).then_some("artifacts"),
+        DisplayRfb => (!super::display::rfb_available()).then_some("display"),
         WorkspaceBackup => (!crate::executor::artifacts::ENABLED).then_some("workspace"),
         SkillInstall => (!crate::executor::artifacts::ENABLED).then_some("skills"),
         other => not_built(other),

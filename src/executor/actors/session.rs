@@ -1661,6 +1661,30 @@ impl Session {
                     }
                 });
             }
+            SessionRequest::DisplayRfb(p) => {
+                // The display starts here if no computer call started it:
+                // a person may want to watch before the agent acts.
+                let Some(display) = self.ensure_display(myself, state).await else {
+                    return reply.err(
+                        RpcError::resource_unavailable("the session's display could not start")
+                            .with_reason("display_error"),
+                    );
+                };
+                let msg = super::display::DisplayMsg::Rfb {
+                    host: p.host,
+                    reply,
+                };
+                if let Err(ractor::MessagingErr::SendErr(super::display::DisplayMsg::Rfb {
+                    reply,
+                    ..
+                })) = display.actor.send_message(msg)
+                {
+                    reply.err(
+                        RpcError::resource_unavailable("the session's display is gone")
+                            .with_reason("display_error"),
+                    );
+                }
+            }
             SessionRequest::ToolCancel(p) => match state.tools.get(&p.tool_call_id) {
                 Some(t) => {
                     if let ToolCall::Running(t) = t {

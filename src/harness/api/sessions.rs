@@ -378,7 +378,7 @@ impl Session {
         super::mcp::list(&self.shared, &self.id)
     }
 
-    async fn route(&self) -> Result<Route, ApiError> {
+    pub(crate) async fn route(&self) -> Result<Route, ApiError> {
         let id = self.id.clone();
         ask(&self.shared, |reply| LeasesMsg::Route {
             session_id: id,

@@ -9,6 +9,7 @@ pub mod listener;
 pub mod mcp;
 pub mod openapi;
 pub mod relay;
+pub mod rfb;
 pub mod skills;
 pub mod turns;
 
@@ -144,6 +145,12 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             &format!("{}/{{ticket}}", relay::RELAY_PATH),
             get(relay_dial),
         )
+        .route("/v1/sessions/{id}/display/rfb", post(rfb_offer))
+        .route(&format!("{}/{{ticket}}", rfb::VIEWER_PATH), get(rfb_viewer))
+        .route(
+            &format!("{}/{{ticket}}", rfb::EXECUTOR_PATH),
+            get(relay_dial),
+        )
         .route(
             "/v1/sessions/{id}/artifacts",
             get(artifacts::list).post(artifacts::publish),
@@ -221,15 +228,15 @@ async fn trace_request(req: Request, next: Next) -> Response {
             // call on every request, measured in `bmx bench mcp`).
             format!("{:032x}", rand::random::<u128>())
         });
-    // A relay path carries its ticket (a credential): logged without it.
+    // A relay path carries its ticket (a credential, whole in the RFB
+    // viewer's URL): logged as `/v1/relay/<kind>/***`.
     let path = req.uri().path();
-    let relayed = path
-        .strip_prefix(relay::RELAY_PATH)
-        .is_some_and(|rest| rest.starts_with('/'));
-    let path = if relayed {
-        format!("{}/***", relay::RELAY_PATH)
-    } else {
-        path.to_owned()
+    let path = match path
+        .strip_prefix(RELAYS)
+        .and_then(|rest| rest.split_once('/'))
+    {
+        Some((kind, _)) => format!("{RELAYS}{kind}/***"),
+        None => path.to_owned(),
     };
     let span = tracing::info_span!("http", request_id = %id, method = %req.method(), path = %path);
     let mut resp = next.run(req).instrument(span).await;
@@ -319,7 +326,7 @@ async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response 
     let pass = req.extensions().get::<listener::ConnPass>().cloned();
     let path = req.uri().path();
     let own_credential = path == CONNECT_PATH
-        || path.starts_with(&format!("{}/", relay::RELAY_PATH))
+        || path.starts_with(RELAYS)
         || path.starts_with(&format!("{}/", crate::harness::api::artifacts::UPLOAD_PATH))
         || path.starts_with(&format!("{}/", crate::harness::api::skills::DOWNLOAD_PATH))
         || enrollments::is_public(req.method(), path)
@@ -771,6 +778,21 @@ async fn attach_terminal(
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
     Ok(relay::viewer_attach(app.shared.clone(), id, tid, q, req).await)
+}
+
+/// Every relay route (terminals, display) is under this prefix and
+/// carries its own one-time ticket instead of the API token.
+const RELAYS: &str = "/v1/relay/";
+
+async fn rfb_offer(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<rfb::RfbOffer>, ApiError> {
+    rfb::offer(app.shared.clone(), id).await.map(Json)
+}
+
+async fn rfb_viewer(State(app): State<App>, Path(ticket): Path<String>, req: Request) -> Response {
+    rfb::viewer(app.shared.clone(), ticket, req).await
 }
 
 async fn relay_dial(State(app): State<App>, Path(ticket): Path<String>, req: Request) -> Response {

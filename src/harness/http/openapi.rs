@@ -580,6 +580,9 @@ fn terminal_errors(mut responses: Value) -> Value {
 
 fn terminal_schemas() -> Value {
     json!({
+      "RfbOffer": {"type": "object", "required": ["url", "expiresInMs"], "properties": {
+          "url": {"type": "string", "description": "ws(s)://…/v1/relay/rfb/<ticket>: open once"},
+          "expiresInMs": {"type": "integer"}}},
       "OpenTerminal": {"type": "object", "additionalProperties": false, "properties": {
           "terminalId": {"type": "string", "description": "default: a fresh t-<uuid>; 1-128 characters, no '/'"},
           "kind": {"type": "string"}, "argv": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "default: the shell; when given, not empty"},
@@ -618,6 +621,24 @@ fn terminal_paths() -> Value {
           {"name": "streamId", "in": "query", "schema": {"type": "string"}, "description": "default: a fresh v-<uuid>"}],
         "get": {"summary": "WebSocket: the terminal's binary frames (PROTOCOL.md §8: byte 0 op 1 output / 2 input / 3 snapshot, empty snapshot = gap; bytes 1-8 seq u64 BE; data), relayed from the executor's host stream. Text frames: viewer → {\"type\":\"resize\",\"cols\",\"rows\"}; harness → attached, resized, error, exited notices. Close 1000 'exited N' when the program ends, 4100 terminal closed, 4102 executor stream ended, 1001 harness shutdown, 1009 frame too large. Subprotocol bmx.terminal.v1 is echoed when offered.",
           "responses": terminal_errors(json!({"101": {"description": "switching protocols"}}))}},
+      "/v1/sessions/{id}/display/rfb": {
+        "parameters": [sid()],
+        "post": {"summary": "A one-time viewer URL for the session's display as VNC (RFB in binary WebSocket frames, what noVNC and websockify speak); the display starts if it is not running. Open the URL once, within expiresInMs.",
+          "responses": session_errors(json!({"200": ok("the viewer URL", "RfbOffer"),
+            "429": err("too many outstanding tickets (-32015, reason relay_tickets_full)"),
+            "501": err("the executor does not advertise display {rfb: true} (-32012)")}))}},
+      "/v1/relay/rfb/{ticket}": {
+        "parameters": [{"name": "ticket", "in": "path", "required": true, "schema": {"type": "string"}, "description": "the whole one-time viewer ticket (id.secret)"}],
+        "get": {"summary": "Viewer side of a display relay (the url of POST /v1/sessions/{id}/display/rfb): WebSocket, binary frames carry the RFB stream both ways. The ticket is the credential (no API token). Subprotocol binary is echoed when offered. Close 1000 when the executor's stream ends, 1001 harness shutdown, 1009 frame over 64 KiB.",
+          "security": [],
+          "responses": {"101": {"description": "switching protocols"}, "400": err("not an upgrade"), "401": err("unknown, used, expired or wrong ticket (reason bad_ticket)"),
+            "404": err("the session is gone"), "429": err("max_relays viewers, or 8 on this display (-32015)"), "501": err("no display.rfb (-32012)"),
+            "502": err("the executor cannot start the display or x11vnc (reason display_error), cannot reach the relay (relay_unreachable), or answered but did not dial (relay_not_dialed)"), "503": err("the executor is disconnected")}}},
+      "/v1/relay/display/{ticket}": {
+        "parameters": [{"name": "ticket", "in": "path", "required": true, "schema": {"type": "string"}, "description": "ticket id"}],
+        "get": {"summary": "Executor side of a display relay (the host.url of display.rfb): WebSocket, bearer = the one-time ticket; not for API clients",
+          "security": [],
+          "responses": {"101": {"description": "switching protocols"}, "400": err("not an upgrade"), "401": err("unknown, used, expired or wrong ticket (reason bad_ticket)")}}},
       "/v1/relay/terminals/{ticket}": {
         "parameters": [{"name": "ticket", "in": "path", "required": true, "schema": {"type": "string"}, "description": "ticket id"}],
         "get": {"summary": "Executor side of a terminal relay (the host.url of terminal.attach): WebSocket, bearer = the one-time ticket; not for API clients",
@@ -806,6 +827,9 @@ mod tests {
             "/v1/executors/{id}/terminals/{tid}",
             "/v1/executors/{id}/terminals/{tid}/attach",
             "/v1/relay/terminals/{ticket}",
+            "/v1/sessions/{id}/display/rfb",
+            "/v1/relay/rfb/{ticket}",
+            "/v1/relay/display/{ticket}",
             "/v1/sessions/{id}/turns",
             "/v1/sessions/{id}/turns/{turnId}/input",
             "/v1/sessions/{id}/turns/{turnId}/cancel",

@@ -173,7 +173,8 @@ impl Relays {
         (p.expires > Instant::now()).then_some(p.tx)
     }
 
-    fn forget(&self, id: &str) {
+    /// Drop ticket `id` (its attach gave up).
+    pub(crate) fn forget(&self, id: &str) {
         self.lock().remove(id);
     }
 
@@ -188,18 +189,19 @@ impl Relays {
     }
 }
 
-/// One place among `max_relays`; given back on drop.
-struct Slot(Arc<Shared>);
+/// One place among `max_relays` (terminal and display relays alike);
+/// given back on drop.
+pub(crate) struct Slot(Arc<Shared>);
 
 impl Slot {
-    fn take(shared: &Arc<Shared>) -> Result<Slot, ApiError> {
+    pub(crate) fn take(shared: &Arc<Shared>) -> Result<Slot, ApiError> {
         let max = shared.config.max_relays;
         let r = &shared.relays;
         let mut n = r.live.load(Ordering::Relaxed);
         loop {
             if n >= max {
                 return Err(busy(
-                    format!("{max} terminal viewers are attached"),
+                    format!("{max} relay viewers are attached"),
                     "relays_full",
                 ));
             }

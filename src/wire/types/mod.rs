@@ -27,6 +27,7 @@ macro_rules! wire_enum {
 
 pub mod artifact;
 pub mod capabilities;
+pub mod display;
 pub mod executor;
 pub mod mcp;
 pub mod other;
@@ -38,6 +39,7 @@ pub mod turn;
 
 pub use artifact::*;
 pub use capabilities::*;
+pub use display::*;
 pub use executor::*;
 pub use mcp::*;
 pub use other::*;

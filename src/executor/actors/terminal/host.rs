@@ -35,7 +35,7 @@ pub use crate::terminal::frame::{frame, parse, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT}
 
 /// Largest frame accepted from the host.
 const MAX_FRAME: usize = 1 << 20;
-const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One host stream's task.
 pub struct HostStream {
@@ -53,8 +53,9 @@ pub struct HostStream {
     pub cancel: CancellationToken,
 }
 
+/// Why dialing a relay failed.
 #[derive(Debug, thiserror::Error)]
-enum DialError {
+pub enum DialError {
     #[error("host url must be ws://host:port/path: {0}")]
     BadUrl(String),
     #[error("cannot reach the host: {0}")]
@@ -65,9 +66,12 @@ enum DialError {
     Timeout(Duration),
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
+pub(crate) type Ws = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
-async fn dial(url: &str, ticket: &str) -> Result<Ws, DialError> {
+/// Dial a harness relay URL (`ws://` only) with the one-time ticket as the
+/// bearer token, within [`DIAL_TIMEOUT`]; frames up to 1 MiB are read.
+/// Shared by the terminal host streams and the display's RFB streams.
+pub(crate) async fn dial(url: &str, ticket: &str) -> Result<Ws, DialError> {
     let hostport = url
         .strip_prefix("ws://")
         .and_then(|r| r.split('/').next())
