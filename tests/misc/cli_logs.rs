@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 
 /// Run `bmx harness` until it is up, stop it with SIGTERM, return stderr.
 fn harness_stderr(extra: &[&str]) -> String {
+    // A data dir of its own: never the user's `~/.bmx/harness`, which
+    // another harness of the same run would open at the same moment.
+    let data = tempfile::tempdir().unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_bmx"))
         .args([
             "harness",
@@ -15,6 +18,8 @@ fn harness_stderr(extra: &[&str]) -> String {
             "--token",
             "exec-1=logs-test-secret",
         ])
+        .arg("--data-dir")
+        .arg(data.path())
         .args(extra)
         .env_remove("RUST_LOG")
         .env_remove("BMX_LOG_FORMAT")

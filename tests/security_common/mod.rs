@@ -14,6 +14,8 @@ pub struct Bmx {
     pub child: Child,
     pub log: PathBuf,
     _dir: tempfile::TempDir,
+    /// A harness's `--data-dir`, removed on drop.
+    _data: Option<tempfile::TempDir>,
 }
 
 impl Bmx {
@@ -37,15 +39,20 @@ impl Bmx {
             child: c.spawn().unwrap(),
             log,
             _dir: dir,
+            _data: None,
         }
     }
 
     /// `bmx harness` on 127.0.0.1:0; returns it and its API base URL
     /// (`http://ADDR`), read from the line it prints once it listens.
     pub fn harness(extra: &[&str], envs: &[(&str, &str)], rust_log: &str) -> (Bmx, String) {
-        let mut args = vec!["harness", "--listen", "127.0.0.1:0"];
+        // A data dir of its own (kept with the log's), never `~/.bmx`.
+        let data = tempfile::tempdir().unwrap();
+        let dir = data.path().to_str().unwrap().to_owned();
+        let mut args = vec!["harness", "--listen", "127.0.0.1:0", "--data-dir", &dir];
         args.extend_from_slice(extra);
         let mut h = Bmx::spawn(&args, envs, rust_log);
+        h._data = Some(data);
         let mut out = BufReader::new(h.child.stdout.take().unwrap());
         let mut line = String::new();
         out.read_line(&mut line).unwrap();
