@@ -24,7 +24,6 @@
 
 use super::session::{AnswerSpec, SessionData};
 use super::state::{Input, State};
-use super::types::{Checked, Kind, RestartSpec, StartSpec};
 use super::{Visor, VisorError};
 use crate::executor::confirm::{
     client, LocalDecision, LocalRequest, LocalResponse, PendingView, MAX_ANSWER_LINE,
@@ -164,44 +163,19 @@ fn close(d: &SessionData, id: &str, fields: Value) {
 
 /// The observed session of one executor socket.
 fn open(v: &Visor, socket: &Path, bridge: &ActorRef<BridgeMsg>) -> Arc<SessionData> {
-    let spec = StartSpec {
-        kind: Kind::Observed,
-        command: None,
-        agent: Some(AGENT.into()),
-        title: None,
-        role: Some("executor".into()),
-        labels: BTreeMap::from([("source".to_owned(), "executor".to_owned())]),
-        env: None,
-        workdir: None,
-        working_dir: Some("/".into()),
-        prompt: None,
-        cols: None,
-        rows: None,
-        restart: RestartSpec::default(),
-        resume_id: None,
-        mcp_servers: None,
-        model: None,
-    };
-    let checked = Checked {
-        spec,
-        argv: Vec::new(),
-        resume_args: Vec::new(),
-        role: "executor".into(),
-        title: format!("executor confirmations ({})", socket.display()),
-        cwd: PathBuf::from("/"),
-        cols: 120,
-        rows: 40,
-    };
-    let id = format!("s-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let scope = format!("{}/{id}/", v.scope_prefix());
-    let d = SessionData::new(id.clone(), checked, scope, Vec::new(), v.hub.clone());
-    d.chat().vendor_id = Some(socket.display().to_string());
-    v.sessions.insert(id.clone(), d.clone());
-    v.confirm_bridges.insert(id, bridge.clone());
-    d.emit(
-        "init",
-        json!({"kind": "observed", "agent": AGENT, "vendorId": socket.display().to_string()}),
+    let d = super::hooks::observed(
+        v,
+        super::hooks::Observed {
+            agent: AGENT.into(),
+            role: "executor",
+            title: format!("executor confirmations ({})", socket.display()),
+            labels: BTreeMap::from([("source".to_owned(), "executor".to_owned())]),
+            cwd: PathBuf::from("/"),
+            workdir: None,
+            vendor_id: socket.display().to_string(),
+        },
     );
+    v.confirm_bridges.insert(d.id.clone(), bridge.clone());
     let _ = d.apply(Input::Started { idle: true });
     d
 }

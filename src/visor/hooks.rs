@@ -270,16 +270,46 @@ async fn open(v: &Visor, call: &HookCall) -> Result<Arc<SessionData>, VisorError
         .registry()
         .containing(&cwd)
         .map(|w| w.id.clone());
+    let d = observed(
+        v,
+        Observed {
+            agent: call.agent.clone(),
+            role: "agent",
+            title: format!("{} {}", call.agent, call.session),
+            labels: call.labels.clone(),
+            cwd,
+            workdir,
+            vendor_id: call.session.clone(),
+        },
+    );
+    Ok(d)
+}
+
+/// What an observed session is made of.
+pub struct Observed {
+    pub agent: String,
+    pub role: &'static str,
+    pub title: String,
+    pub labels: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+    pub workdir: Option<String>,
+    pub vendor_id: String,
+}
+
+/// A new observed session (no process: a record fed from outside, by
+/// hooks or by an executor's confirmations), registered and announced
+/// with its `init` event.
+pub fn observed(v: &Visor, o: Observed) -> Arc<SessionData> {
     let spec = StartSpec {
         kind: Kind::Observed,
         command: None,
-        agent: Some(call.agent.clone()),
+        agent: Some(o.agent.clone()),
         title: None,
-        role: Some("agent".into()),
-        labels: call.labels.clone(),
+        role: Some(o.role.into()),
+        labels: o.labels,
         env: None,
-        workdir,
-        working_dir: Some(cwd.display().to_string()),
+        workdir: o.workdir,
+        working_dir: Some(o.cwd.display().to_string()),
         prompt: None,
         cols: None,
         rows: None,
@@ -292,22 +322,22 @@ async fn open(v: &Visor, call: &HookCall) -> Result<Arc<SessionData>, VisorError
         spec,
         argv: Vec::new(),
         resume_args: Vec::new(),
-        role: "agent".into(),
-        title: format!("{} {}", call.agent, call.session),
-        cwd,
+        role: o.role.into(),
+        title: o.title,
+        cwd: o.cwd,
         cols: 120,
         rows: 40,
     };
     let id = format!("s-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let scope = format!("{}/{id}/", v.scope_prefix());
     let d = SessionData::new(id.clone(), checked, scope, Vec::new(), v.hub.clone());
-    d.chat().vendor_id = Some(call.session.clone());
+    d.chat().vendor_id = Some(o.vendor_id.clone());
     v.sessions.insert(id, d.clone());
     d.emit(
         "init",
-        json!({"kind": "observed", "agent": call.agent, "vendorId": call.session}),
+        json!({"kind": "observed", "agent": o.agent, "vendorId": o.vendor_id}),
     );
-    Ok(d)
+    d
 }
 
 #[derive(Debug, thiserror::Error)]
