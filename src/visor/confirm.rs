@@ -91,12 +91,7 @@ impl BridgeState {
             return;
         }
         let d = self.session(myself);
-        let shown: Vec<String> = d
-            .chat()
-            .pending_views()
-            .iter()
-            .filter_map(|v| v["id"].as_str().map(str::to_owned))
-            .collect();
+        let shown = shown_ids(&d);
         for id in shown.iter().filter(|id| !list.iter().any(|p| &p.id == *id)) {
             close(&d, id, json!({"requestId": id, "reason": "resolved"}));
         }
@@ -117,17 +112,20 @@ impl BridgeState {
     /// The executor went away: nothing it held is pending any more.
     fn lost(&mut self) {
         if let Some(d) = &self.session {
-            let shown: Vec<String> = d
-                .chat()
-                .pending_views()
-                .iter()
-                .filter_map(|v| v["id"].as_str().map(str::to_owned))
-                .collect();
-            for id in shown {
+            for id in shown_ids(d) {
                 close(d, &id, json!({"requestId": id, "reason": "executor_gone"}));
             }
         }
     }
+}
+
+/// The ids of the requests `d` shows as pending.
+fn shown_ids(d: &SessionData) -> Vec<String> {
+    d.chat()
+        .pending_views()
+        .iter()
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// What a pending confirmation looks like as a visor `Request`.

@@ -9,29 +9,10 @@
 
 use crate::security_common;
 use crate::support;
-use bmx::wire::types::Accepted;
 use bmx::wire::Method;
-use security_common::{event, executor_behind_stand_in, result_text};
+use security_common::{executor_behind_stand_in, result_text, tool};
 use serde_json::{json, Value};
 use std::os::unix::fs::MetadataExt;
-
-async fn tool(
-    served: &support::Served,
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Value)>,
-    id: &str,
-    tool: &str,
-    input: Value,
-) -> Value {
-    let a: Accepted = served
-        .call(
-            Method::ToolCall,
-            &json!({"sessionId": "s1", "toolCallId": id, "tool": tool, "input": input}),
-        )
-        .await
-        .unwrap();
-    assert!(a.accepted);
-    event(events, "tool.result", |v| v["toolCallId"] == id).await
-}
 
 #[tokio::test]
 async fn session_code_runs_as_the_run_as_user() {

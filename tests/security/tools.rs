@@ -11,7 +11,7 @@ use crate::security_common;
 use crate::support;
 use bmx::wire::types::Accepted;
 use bmx::wire::Method;
-use security_common::{event, executor_behind_stand_in, result_text, Bmx};
+use security_common::{executor_behind_stand_in, result_text, tool, Bmx};
 use serde_json::json;
 use std::io::Write;
 
@@ -56,24 +56,6 @@ async fn executor_with_giant_file() -> (
     support::eventually("the workspace exists", || ws.is_dir()).await;
     giant_file(&ws);
     (executor, harness, served, events, work)
-}
-
-async fn tool(
-    served: &support::Served,
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<(String, serde_json::Value)>,
-    id: &str,
-    tool: &str,
-    input: serde_json::Value,
-) -> serde_json::Value {
-    let a: Accepted = served
-        .call(
-            Method::ToolCall,
-            &json!({"sessionId": "s1", "toolCallId": id, "tool": tool, "input": input}),
-        )
-        .await
-        .unwrap();
-    assert!(a.accepted);
-    event(events, "tool.result", |v| v["toolCallId"] == id).await
 }
 
 #[tokio::test]

@@ -97,6 +97,26 @@ impl Drop for Bmx {
     }
 }
 
+/// One tool call in session `s1` on the stand-in's connection; its
+/// `tool.result`.
+pub async fn tool(
+    served: &crate::support::Served,
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<(String, serde_json::Value)>,
+    id: &str,
+    tool: &str,
+    input: serde_json::Value,
+) -> serde_json::Value {
+    let a: bmx::wire::types::Accepted = served
+        .call(
+            bmx::wire::Method::ToolCall,
+            &serde_json::json!({"sessionId": "s1", "toolCallId": id, "tool": tool, "input": input}),
+        )
+        .await
+        .unwrap();
+    assert!(a.accepted);
+    event(events, "tool.result", |v| v["toolCallId"] == id).await
+}
+
 /// Lines of `log` that begin with `marker` (a forged line would).
 pub fn forged_lines<'a>(log: &'a str, marker: &str) -> Vec<&'a str> {
     log.lines().filter(|l| l.starts_with(marker)).collect()
