@@ -91,6 +91,15 @@ pub struct ExecutorArgs {
     /// (docs/security.md).
     #[arg(long, env = "BMX_RUN_AS", value_name = "USER")]
     pub run_as: Option<String>,
+    /// Largest file a tool call's processes may write, in bytes
+    /// (`RLIMIT_FSIZE`; 0: no limit). Default 4 GiB.
+    #[arg(long, value_name = "BYTES", default_value_t = bmx::tools::disk::DEFAULT_MAX_FILE_BYTES)]
+    pub tool_max_file_size: u64,
+    /// Free bytes tool calls never take from the workspace's file system:
+    /// a call does not start, and a running `bash` call is killed, below
+    /// it (0: off). Default 512 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = bmx::tools::disk::DEFAULT_RESERVE_BYTES)]
+    pub disk_reserve: u64,
 }
 
 /// `--confirm`.
@@ -148,6 +157,10 @@ impl ExecutorArgs {
         config.confirm_timeout = std::time::Duration::from_secs(self.confirm_timeout.max(1));
         config.confirm_socket = self.confirm_socket;
         config.git_credentials = self.git_credentials;
+        config.tool_disk = bmx::tools::disk::DiskLimits {
+            max_file_bytes: (self.tool_max_file_size > 0).then_some(self.tool_max_file_size),
+            reserve_bytes: self.disk_reserve,
+        };
         // The daemon owns all its children: orphans come back to it.
         config.subreaper = true;
         config.journal = Some(config.work_root.join(bmx::executor::journal::FILE));

@@ -73,6 +73,9 @@ pub struct ExecutorConfig {
     pub base_env: Option<Vec<(String, String)>>,
     /// Inline limit of tool output.
     pub tool_inline_limit: usize,
+    /// Disk bounds of every tool call (`--tool-max-file-size`,
+    /// `--disk-reserve`; see `tools::disk`).
+    pub tool_disk: crate::tools::disk::DiskLimits,
     /// Become the child subreaper and reap orphans (see
     /// `process::sys::become_subreaper`). The daemon turns this on; a host
     /// program that spawns children of its own must leave it off.
@@ -142,6 +145,7 @@ impl ExecutorConfig {
             deny_env: DEFAULT_DENY_ENV.iter().map(|s| s.to_string()).collect(),
             base_env: None,
             tool_inline_limit: 64 * 1024,
+            tool_disk: crate::tools::disk::DiskLimits::default(),
             subreaper: false,
             terminal_max_sessions: 32,
             terminal_scrollback_bytes: 1 << 20,

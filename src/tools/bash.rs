@@ -46,7 +46,7 @@ use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
 use super::output::HeadTail;
-use super::{boundary, parse_input, reason, Tool, ToolContext, ToolOutput};
+use super::{boundary, disk, parse_input, reason, Tool, ToolContext, ToolOutput};
 
 /// Timeout when the input gives none.
 pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
@@ -198,6 +198,9 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
     if ctx.cancel.is_cancelled() {
         return ToolOutput::canceled("canceled before start");
     }
+    if let Err(full) = ctx.disk.check_room(&ctx.workspace, 0) {
+        return full;
+    }
     let timeout_ms = input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
 
     let mut command = Command::new(shell());
@@ -213,6 +216,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
         .process_group(0)
         .kill_on_drop(true);
     crate::process::sys::inherit_only_stdio(command.as_std_mut());
+    ctx.disk.limit_child(command.as_std_mut());
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
@@ -254,11 +258,21 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             }),
         _ => None,
     };
+    let mut disk_check = (ctx.disk.reserve_bytes > 0).then(|| {
+        let mut check = tokio::time::interval(disk::CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        check
+    });
     let end = loop {
         tokio::select! {
             status = child.wait() => break End::Exited(status),
             () = sleep_until_opt(deadline) => break End::TimedOut,
             () = ctx.cancel.cancelled() => break End::Canceled,
+            () = tick(&mut disk_check) => {
+                if let Some(free) = ctx.disk.reserve_reached(&ctx.workspace) {
+                    break End::DiskFull(free);
+                }
+            }
             () = tick(&mut ticker) => {
                 if let Some(progress) = &ctx.progress {
                     let bytes = counter.load(Ordering::Relaxed);
@@ -278,7 +292,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             }
             Some(*status)
         }
-        End::Exited(Err(_)) | End::TimedOut | End::Canceled => {
+        End::Exited(Err(_)) | End::TimedOut | End::Canceled | End::DiskFull(_) => {
             // The tree, the group, and by their tag whatever left both
             // (`setsid`, then re-parented away): the call owns all of it.
             let root = pid.and_then(|p| i32::try_from(p).ok());
@@ -350,6 +364,11 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             text.push_str("canceled; killed the command and its process group");
             ToolOutput::canceled(text)
         }
+        End::DiskFull(free) => {
+            text.push_str(&ctx.disk.full_text(free));
+            text.push_str("; killed the command and its process group");
+            ToolOutput::failure(reason::DISK_FULL, text)
+        }
     }
 }
 
@@ -357,6 +376,8 @@ enum End {
     Exited(io::Result<ExitStatus>),
     TimedOut,
     Canceled,
+    /// The free-space reserve was reached (bytes still free).
+    DiskFull(u64),
 }
 
 /// Kills the process tree when dropped while still armed (`pid` set).
@@ -1143,6 +1164,72 @@ mod tests {
         )
         .await;
         assert!(gone);
+    }
+
+    async fn bash_with_disk(ws: &Path, disk: disk::DiskLimits, command: &str) -> ToolOutput {
+        let mut ctx = ToolContext::new(ws, "call-disk");
+        ctx.disk = disk;
+        BashTool
+            .run(ctx, json!({"command": command, "timeoutMs": 60_000}))
+            .await
+    }
+
+    #[tokio::test]
+    async fn no_file_grows_past_the_size_limit() {
+        let (_dir, ws) = setup();
+        let limits = disk::DiskLimits {
+            max_file_bytes: Some(64 * 1024),
+            reserve_bytes: 0,
+        };
+        let out = bash_with_disk(&ws, limits, "head -c 1048576 /dev/zero > big").await;
+        assert!(out.is_error, "{}", out.text);
+        assert_eq!(out.reason.as_deref(), Some(reason::EXIT_STATUS));
+        assert_eq!(fs::metadata(ws.join("big")).unwrap().len(), 64 * 1024);
+    }
+
+    #[tokio::test]
+    async fn a_call_does_not_start_under_the_reserve() {
+        let (_dir, ws) = setup();
+        let free = disk::free_bytes(&ws).unwrap();
+        let limits = disk::DiskLimits {
+            max_file_bytes: None,
+            reserve_bytes: free + (1 << 30),
+        };
+        let out = bash_with_disk(&ws, limits, "touch ran").await;
+        assert_eq!(
+            out.reason.as_deref(),
+            Some(reason::DISK_FULL),
+            "{}",
+            out.text
+        );
+        assert!(!ws.join("ran").exists());
+    }
+
+    #[tokio::test]
+    async fn a_call_that_eats_into_the_reserve_is_killed() {
+        let (_dir, ws) = setup();
+        let free = disk::free_bytes(&ws).unwrap();
+        // 32 MiB of room: the loop below writes far more, in 4 MiB steps.
+        let limits = disk::DiskLimits {
+            max_file_bytes: None,
+            reserve_bytes: free.saturating_sub(32 << 20),
+        };
+        let out = bash_with_disk(
+            &ws,
+            limits,
+            "i=0; while [ $i -lt 2048 ]; do head -c 4194304 /dev/zero >> fill; i=$((i+1)); done; touch finished",
+        )
+        .await;
+        assert_eq!(
+            out.reason.as_deref(),
+            Some(reason::DISK_FULL),
+            "{}",
+            out.text
+        );
+        assert!(out.text.contains("--disk-reserve"), "{}", out.text);
+        assert!(!ws.join("finished").exists());
+        // Stopped within a few checks, not at the end of the 8 GiB loop.
+        assert!(fs::metadata(ws.join("fill")).unwrap().len() < 4 << 30);
     }
 
     #[test]

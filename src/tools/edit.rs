@@ -45,6 +45,14 @@ impl Tool for EditTool {
             Ok(input) => input,
             Err(out) => return out,
         };
+        // The rewritten file needs room for at least the new text; the reserve
+        // keeps the host usable (see `disk`).
+        if let Err(full) = ctx
+            .disk
+            .check_room(&ctx.workspace, input.new_string.len() as u64)
+        {
+            return full;
+        }
         let workspace = ctx.workspace.clone();
         run_blocking_to_completion(&ctx, move || edit_file(&workspace, &input)).await
     }

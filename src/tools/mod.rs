@@ -14,6 +14,7 @@ pub mod bash;
 pub mod beneath;
 pub mod boundary;
 pub mod computer;
+pub mod disk;
 pub mod edit;
 pub mod glob;
 pub mod grep;
@@ -69,6 +70,9 @@ pub mod reason {
     pub const AMBIGUOUS_MATCH: &str = "ambiguous_match";
     /// Any other I/O failure (permissions, disk full, ...).
     pub const IO_ERROR: &str = "io_error";
+    /// The workspace's file system reached the executor's free-space
+    /// reserve (see [`super::disk`]): the call was refused or stopped.
+    pub const DISK_FULL: &str = "disk_full";
     /// A tool task died unexpectedly; this is a bug, not a user error.
     pub const INTERNAL_ERROR: &str = "internal_error";
     /// [`super::ToolRegistry::run`] was asked for a tool it does not hold.
@@ -97,13 +101,17 @@ pub struct ToolContext {
     pub inline_limit: usize,
     /// How often long-running tools report progress.
     pub progress_interval: Duration,
+    /// The call's disk bounds: a size limit per file its processes write,
+    /// and the free space it never takes.
+    pub disk: disk::DiskLimits,
 }
 
 impl ToolContext {
     /// A context with the protocol defaults: this process's environment
     /// (minus `BMX_*`, as for every child) and no deny list, a scope of its
     /// own (`local-<pid>/tool-<uuid>/`), no progress channel,
-    /// [`DEFAULT_INLINE_LIMIT`] and [`DEFAULT_PROGRESS_INTERVAL`].
+    /// [`DEFAULT_INLINE_LIMIT`], [`DEFAULT_PROGRESS_INTERVAL`] and the
+    /// default [`disk::DiskLimits`].
     pub fn new(workspace: impl Into<PathBuf>, tool_call_id: impl Into<String>) -> Self {
         Self {
             workspace: workspace.into(),
@@ -118,6 +126,7 @@ impl ToolContext {
             progress: None,
             inline_limit: DEFAULT_INLINE_LIMIT,
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
+            disk: disk::DiskLimits::default(),
         }
     }
 }

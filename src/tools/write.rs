@@ -39,6 +39,14 @@ impl Tool for WriteTool {
             Ok(input) => input,
             Err(out) => return out,
         };
+        // The rewritten file needs room for at least the content; the reserve
+        // keeps the host usable (see `disk`).
+        if let Err(full) = ctx
+            .disk
+            .check_room(&ctx.workspace, input.content.len() as u64)
+        {
+            return full;
+        }
         let workspace = ctx.workspace.clone();
         run_blocking_to_completion(&ctx, move || write_file(&workspace, &input)).await
     }

@@ -109,3 +109,56 @@ async fn sigterm_ends_the_executor_while_a_tool_is_busy() {
     // `stop` sends SIGTERM and panics if the executor is not gone in 20 s.
     executor.stop();
 }
+
+/// Issue 18, finding 6 (the disk half): `--tool-max-file-size` and
+/// `--disk-reserve` reach the daemon's tool calls.
+#[tokio::test]
+async fn the_daemon_bounds_a_tool_calls_disk() {
+    let work = tempfile::tempdir().unwrap();
+    let free = bmx::tools::disk::free_bytes(work.path()).unwrap();
+    // A file limit of 1 MiB, and a reserve of all but 64 MiB of the disk.
+    let reserve = free.saturating_sub(64 << 20).to_string();
+    let (executor, _harness, conn, work) = executor_behind_stand_in(
+        &[
+            "--tool-max-file-size",
+            "1048576",
+            "--disk-reserve",
+            &reserve,
+        ],
+        &[("BMX_TOKEN", support::TOKEN)],
+        "warn",
+    )
+    .await;
+    let (served, mut events) = conn.serve();
+    let _: serde_json::Value = served
+        .call(Method::SessionAssign, &support::assign_params("s1", 1))
+        .await
+        .unwrap();
+    let ws = work.path().join("sessions").join("s1");
+    support::eventually("the workspace exists", || ws.is_dir()).await;
+
+    let r = tool(
+        &served,
+        &mut events,
+        "big",
+        "bash",
+        json!({"command": "head -c 8388608 /dev/zero > big"}),
+    )
+    .await;
+    assert_eq!(r["isError"], true, "{r}");
+    assert_eq!(std::fs::metadata(ws.join("big")).unwrap().len(), 1 << 20);
+
+    // Many files, each under the limit, stop at the reserve.
+    let r = tool(
+        &served,
+        &mut events,
+        "many",
+        "bash",
+        json!({"command": "i=0; while [ $i -lt 4096 ]; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); done; touch finished",
+               "timeoutMs": 120000}),
+    )
+    .await;
+    assert_eq!(r["reason"], "disk_full", "{r}");
+    assert!(!ws.join("finished").exists());
+    executor.stop();
+}

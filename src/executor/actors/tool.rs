@@ -228,6 +228,7 @@ impl Actor for ToolActor {
         ctx.scope = tool_scope(&args.shared.instance, &p.session_id, &p.tool_call_id);
         ctx.progress = Some(progress_tx);
         ctx.inline_limit = args.shared.config.tool_inline_limit;
+        ctx.disk = args.shared.config.tool_disk;
         let (shared, session_id, call_id) = (
             args.shared.clone(),
             p.session_id.clone(),
