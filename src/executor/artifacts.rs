@@ -157,7 +157,11 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Step, RpcError> {
             .map(Step::Status)
             .map_err(|e| RpcError::internal(format!("upload answer: {e}")));
     }
-    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+    // 507: the harness's disk is full. Final, like a refusal: retrying at
+    // once would only fill and empty its partial file again.
+    if (status.is_server_error() && status != reqwest::StatusCode::INSUFFICIENT_STORAGE)
+        || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+    {
         return Ok(Step::Retry(format!("upload answered HTTP {status}")));
     }
     // A refusal (bad ticket, too large, digest mismatch): final. The
@@ -246,6 +250,10 @@ pub async fn send(
     let span = tracing::info_span!("artifact_upload", method = Method::ArtifactUpload.as_str(), session = %session_id, %digest, size);
 
     let mut failures = 0u32;
+    // The furthest offset the harness has confirmed: failures in a row are
+    // counted until the upload gets past it, so a failure that keeps
+    // coming back at the same place ends after MAX_ATTEMPTS.
+    let mut furthest = 0u64;
     // `None`: ask the harness where it stands (first, and after a failure).
     let mut offset: Option<u64> = None;
     loop {
@@ -294,7 +302,8 @@ pub async fn send(
                         s.offset
                     )));
                 }
-                if offset.is_some_and(|o| s.offset > o) || offset.is_none() {
+                if s.offset > furthest {
+                    furthest = s.offset;
                     failures = 0;
                 }
                 offset = Some(s.offset);

@@ -498,8 +498,9 @@ async fn upload(
     )
     .await
     .map_err(|e: RpcError| {
-        let code = match e.kind() {
-            Some(ErrorCode::PayloadTooLarge) => code::TOO_LARGE,
+        let code = match (e.kind(), e.reason()) {
+            (Some(ErrorCode::PayloadTooLarge), _) => code::TOO_LARGE,
+            (_, Some("disk_full")) => code::DISK_FULL,
             _ => code::UPLOAD_FAILED,
         };
         fail(

@@ -14,6 +14,7 @@ mod backups;
 mod cli;
 mod console;
 mod cores;
+mod disk_full;
 mod drain;
 mod e2e;
 mod fake;
