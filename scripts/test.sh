@@ -20,7 +20,8 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # drives a real Xvfb and a real xterm.
 command -v Xvfb >/dev/null 2>&1 || need+=(xvfb)
 command -v xterm >/dev/null 2>&1 || need+=(xterm)
-# The VNC server of the display's RFB relay (tests/harness/rfb.rs).
+# The VNC server of the display's RFB relay (tests/harness/rfb.rs, and
+# the console's display page in noVNC, tests/harness/console_display.rs).
 command -v x11vnc >/dev/null 2>&1 || need+=(x11vnc)
 # Issue 16: the web console in a real browser (tests/harness/console.rs
 # drives Debian's chromium through playwright-core, tests/peers).

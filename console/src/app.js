@@ -11,6 +11,7 @@ import * as sessions from './pages/sessions.js';
 import * as session from './pages/session.js';
 import * as process from './pages/process.js';
 import * as terminal from './pages/terminal.js';
+import * as display from './pages/display.js';
 import * as turn from './pages/turn.js';
 import * as metrics from './pages/metrics.js';
 
@@ -22,6 +23,7 @@ const routes = [
   [/^\/sessions\/([^/]+)$/, session],
   [/^\/sessions\/([^/]+)\/processes\/([^/]+)$/, process],
   [/^\/sessions\/([^/]+)\/turns$/, turn],
+  [/^\/sessions\/([^/]+)\/display$/, display],
   [/^\/executors\/([^/]+)\/terminals\/([^/]+)$/, terminal],
 ];
 

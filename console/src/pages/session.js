@@ -84,9 +84,11 @@ export function render(main, [sid]) {
   });
   // Agent turns: only when the executor offers agents.
   const agentLink = h('a', { href: `#/sessions/${seg(sid)}/turns`, id: 'agent-link', hidden: true }, 'Agent turns →');
+  // The display (noVNC): only when the executor serves it over VNC.
+  const displayLink = h('a', { href: `#/sessions/${seg(sid)}/display`, id: 'display-link', hidden: true }, 'Display →');
   main.append(
     h('h1', {}, 'Session ', h('code', {}, sid)),
-    h('p', {}, agentLink),
+    h('p', { class: 'row' }, agentLink, displayLink),
     msg,
     info,
     h('h2', {}, 'Processes'),
@@ -123,6 +125,8 @@ export function render(main, [sid]) {
       toolForm.hidden = s.state === 'ended';
       const ag = ex && ex.capabilities && ex.capabilities.agent;
       agentLink.hidden = !(ag && ag.enabled && (ag.agents || []).length) || s.state === 'ended';
+      const dp = ex && ex.capabilities && ex.capabilities.display;
+      displayLink.hidden = !(dp && dp.rfb) || s.state === 'ended';
       clear(info).append(
         facts([
           ['Executor', h('a', { href: '#/executors' }, s.executorId)],

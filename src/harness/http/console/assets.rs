@@ -1,8 +1,8 @@
 //! The console's files, embedded in the binary at build time
 //! (`include_bytes!`): the page's own plain JavaScript and CSS from
-//! `console/src/` and the vendored xterm.js build from `console/dist/`
-//! (made by `scripts/console-assets.sh`, committed so `cargo build` needs
-//! no npm).
+//! `console/src/` and the vendored xterm.js build and noVNC modules
+//! ([`novnc`]) from `console/dist/` (made by `scripts/console-assets.sh`,
+//! committed so `cargo build` needs no npm).
 //!
 //! Every asset is served under `/console/assets/<hash>/<path>`, where
 //! `<hash>` is a digest of *all* assets: one content hash for the set,
@@ -20,6 +20,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::OnceLock;
+
+mod novnc;
 
 /// Prefix of the hashed asset URLs.
 pub const ASSETS_PATH: &str = "/console/assets";
@@ -53,6 +55,7 @@ const SOURCES: &[Source] = &[
     source!("pages/session.js", "src/pages/session.js"),
     source!("pages/process.js", "src/pages/process.js"),
     source!("pages/terminal.js", "src/pages/terminal.js"),
+    source!("pages/display.js", "src/pages/display.js"),
     source!("pages/turn.js", "src/pages/turn.js"),
     source!("pages/metrics.js", "src/pages/metrics.js"),
     source!("app.css", "src/app.css"),
@@ -121,6 +124,7 @@ fn build() -> Bundle {
     let dev = std::env::var_os("BMX_CONSOLE_DEV_DIR").map(std::path::PathBuf::from);
     let loaded: Vec<(&Source, Cow<'static, [u8]>)> = SOURCES
         .iter()
+        .chain(novnc::SOURCES)
         .map(|s| (s, load(s, dev.as_deref())))
         .collect();
     let mut h = Sha256::new();
@@ -231,6 +235,109 @@ mod tests {
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut back).unwrap();
         assert_eq!(&back[..], &xterm.bytes[..]);
         assert!(b.get("../Cargo.toml").is_none());
+    }
+
+    /// The relative module specifiers (`from './x.js'`, `import '../y.js'`)
+    /// in a JavaScript file.
+    fn relative_imports(js: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        for key in ["from ", "import "] {
+            for (at, _) in js.match_indices(key) {
+                let rest = js[at + key.len()..].trim_start();
+                let Some(q) = rest.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+                    continue;
+                };
+                let Some(end) = rest[1..].find(q) else {
+                    continue;
+                };
+                let spec = &rest[1..1 + end];
+                if spec.starts_with("./") || spec.starts_with("../") {
+                    out.push(spec);
+                }
+            }
+        }
+        out
+    }
+
+    /// `spec` relative to the file at `from` (both asset paths).
+    fn resolve(from: &str, spec: &str) -> Option<String> {
+        let mut parts: Vec<&str> = from.split('/').collect();
+        parts.pop();
+        for p in spec.split('/') {
+            match p {
+                "." => {}
+                ".." => {
+                    parts.pop()?;
+                }
+                p => parts.push(p),
+            }
+        }
+        Some(parts.join("/"))
+    }
+
+    /// Every relative import of every module resolves to an embedded
+    /// file: the hashed prefix keeps the tree, so noVNC's
+    /// `core/rfb.js` → `../vendor/pako/lib/zlib/inflate.js` and the
+    /// page's `./pages/display.js` → `../vendor/novnc/core/rfb.js` work.
+    #[test]
+    fn every_relative_import_resolves_to_an_embedded_file() {
+        let b = bundle();
+        let mut checked = 0;
+        for s in SOURCES.iter().chain(novnc::SOURCES) {
+            if !(s.path.ends_with(".js") || s.path.ends_with(".mjs")) {
+                continue;
+            }
+            let js = std::str::from_utf8(s.bytes).unwrap();
+            for spec in relative_imports(js) {
+                let target = resolve(s.path, spec)
+                    .unwrap_or_else(|| panic!("{}: {spec} leaves the asset root", s.path));
+                assert!(
+                    b.get(&target).is_some(),
+                    "{} imports {spec}: {target} is not embedded",
+                    s.path
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "only {checked} imports seen");
+        assert!(b.get("vendor/novnc/core/rfb.js").is_some());
+        assert!(b
+            .get("vendor/novnc/vendor/pako/lib/zlib/inflate.js")
+            .is_some());
+    }
+
+    /// The noVNC list and the files `scripts/console-assets.sh` copied
+    /// agree, both ways (a new noVNC release adds or drops modules).
+    #[test]
+    fn every_vendored_novnc_module_is_embedded() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "js") {
+                    out.push(p.to_string_lossy().into_owned());
+                }
+            }
+        }
+        let console = concat!(env!("CARGO_MANIFEST_DIR"), "/console/");
+        let mut on_disk = Vec::new();
+        walk(
+            std::path::Path::new(&format!("{console}dist/vendor/novnc")),
+            &mut on_disk,
+        );
+        let mut on_disk: Vec<String> = on_disk
+            .into_iter()
+            .map(|p| p.trim_start_matches(console).to_owned())
+            .collect();
+        on_disk.sort();
+        let mut listed: Vec<String> = novnc::SOURCES.iter().map(|s| s.file.to_owned()).collect();
+        listed.sort();
+        assert_eq!(
+            listed, on_disk,
+            "src/harness/http/console/assets/novnc.rs is out of date"
+        );
+        assert!(listed.len() > 40);
     }
 
     #[test]

@@ -27,8 +27,15 @@ use std::time::Instant;
 /// The console's Content-Security-Policy: scripts, styles, images and
 /// connections from this origin only; no inline script or style, no
 /// framing, no plugins, no form posts anywhere.
+///
+/// One exception: `img-src` also allows `data:`. noVNC decodes the
+/// display's JPEG and PNG rectangles (Tight encoding) by loading them as
+/// `data:` images, and draws the remote cursor as a `data:` URL in CSS
+/// `cursor`. A `data:` image cannot run script; the alternative (asking
+/// the VNC server for raw or zlib encodings only) would cost bandwidth on
+/// every frame.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
-img-src 'self'; font-src 'self'; connect-src 'self'; manifest-src 'self'; \
+img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; \
 base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 /// Largest login body.
