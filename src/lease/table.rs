@@ -579,6 +579,32 @@ mod tests {
     }
 
     #[test]
+    fn an_adopted_grant_is_kept_by_the_resume_that_lists_it() {
+        let mut t = table();
+        let g = t.adopt("s", "e", 40, 0).unwrap();
+        assert_eq!(g.fencing_token, 40);
+        // Orphaned until the executor registers, like any lost holder.
+        assert_eq!(t.holder("s").unwrap().expires_at, Some(TTL));
+        assert_eq!(t.check_frame(ConnId(1), "s", 0), Err(LeaseError::NotHolder));
+        let r = t.register("e", ConnId(1), &names(&["s"]), 10);
+        assert_eq!(r.kept, names(&["s"]));
+        assert!(r.to_stop.is_empty() && r.ended.is_empty());
+        let h = t.holder("s").unwrap();
+        assert_eq!(
+            (h.conn, h.fencing_token, h.expires_at),
+            (ConnId(1), 40, None)
+        );
+        assert_eq!(t.check_frame(ConnId(1), "s", 10), Ok(()));
+        // Never back to an older or the same grant.
+        assert!(t.adopt("s", "e", 40, 10).is_err());
+        assert!(t.adopt("s", "e", 39, 10).is_err());
+        // Not resumed in time: it runs out like any orphaned lease.
+        let mut t = table();
+        t.adopt("s", "e", 7, 0).unwrap();
+        assert_eq!(t.tick(TTL).expired, names(&["s"]));
+    }
+
+    #[test]
     fn assign_grants_to_the_live_connection() {
         let mut t = table();
         let r = t.register("e", ConnId(1), &[], 0);

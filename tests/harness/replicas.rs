@@ -654,9 +654,24 @@ async fn a_dead_replicas_sessions_are_taken_over() {
         "{r}"
     );
 
-    let (status, ended) = b.delete("/v1/sessions/take-1").await.unwrap();
+    // A comes back (same id, as a restarted replica does): the session is
+    // B's now, so A does not load it, and calls about it on A reach B.
+    let a_again = harness(ports[0], &data.path().join("a"), &db.url, "replica-a");
+    until("A to answer again", || async {
+        a.get("/v1/health").await.ok().filter(|r| r.0 == 200)
+    })
+    .await;
+    assert_eq!(local_status(ports[0], "take-1").await, 404);
+    let (status, v) = a.get("/v1/sessions/take-1").await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["fencingToken"].as_i64(), Some(token2), "{v}");
+    let (status, ended) = a.delete("/v1/sessions/take-1").await.unwrap();
     assert_eq!(status, 200, "{ended}");
     assert_eq!(ended["state"], "ended", "{ended}");
+    assert_eq!(
+        full_row(&db.url, "take-1").map(|r| (r.1, r.2)),
+        Some(("replica-b".into(), "ended".into()))
+    );
     // The process ended with the session (no orphan).
     let pid = p["pid"].as_u64().unwrap();
     until("the process to be gone", || async {
@@ -665,6 +680,7 @@ async fn a_dead_replicas_sessions_are_taken_over() {
     .await;
     assert_eq!(exec.term().code(), Some(0));
     assert!(b_proc.term().success());
+    assert!(a_again.term().success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -533,6 +533,29 @@ mod tests {
         DurableState::open(Arc::new(super::super::SqliteStore::open_dir(dir).unwrap())).unwrap()
     }
 
+    #[test]
+    fn a_token_above_another_stores_block() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two harnesses over one database: the second's block is above
+        // the first's.
+        let first = open(dir.path());
+        let second = open(dir.path());
+        let theirs = second.next_fencing_token("s").unwrap();
+        let mine = first.next_fencing_token("t").unwrap();
+        assert!(mine < theirs);
+        // Above a token of the other block: from a fresh block.
+        let above = first.token_above("s", theirs).unwrap();
+        assert!(above > theirs, "{above} after {theirs}");
+        assert_eq!(first.current("s"), Some(above));
+        // Tokens keep increasing after it, for every session.
+        let next = first.next_fencing_token("u").unwrap();
+        assert!(next > above);
+        // Below the current block: from it, no reservation.
+        assert_eq!(first.token_above("v", 1).unwrap(), next + 1);
+        first.shutdown();
+        second.shutdown();
+    }
+
     #[tokio::test]
     async fn tokens_never_go_back_across_reopen() {
         let dir = tempfile::tempdir().unwrap();

@@ -329,7 +329,8 @@ impl PgReplicas {
 
     /// The replica other than this one that made the current grant of
     /// `session_id`, with its URL, if it was seen within `alive_ms` (by
-    /// the database's clock). `None`: this replica's, unknown, or dead.
+    /// the database's clock) and the grant's fencing token is above
+    /// `above` (0: any). `None`: this replica's, unknown, or dead.
     ///
     /// # Errors
     ///
@@ -338,14 +339,40 @@ impl PgReplicas {
         &self,
         session_id: &str,
         alive_ms: u64,
+        above: u64,
     ) -> Result<Option<(String, String)>, StoreError> {
-        self.owner(
-            "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
-             WHERE s.session_id = $1 AND r.id <> $2 \
-             AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond'",
-            session_id,
-            alive_ms,
-        )
+        let alive = big(alive_ms)?;
+        let above = big(above)?;
+        let row = self.store.with(|c| {
+            c.query_opt(
+                "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
+                 WHERE s.session_id = $1 AND r.id <> $2 \
+                 AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond' \
+                 AND s.fencing_token > $4",
+                &[&session_id, &self.id, &alive, &above],
+            )
+        })?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// The sessions whose current grant another replica made that was
+    /// seen within `alive_ms`: a replica starting up does not load them
+    /// (they are that replica's to run, end and forget; calls about them
+    /// are forwarded there).
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn held_elsewhere(&self, alive_ms: u64) -> Result<Vec<String>, StoreError> {
+        let alive = big(alive_ms)?;
+        let rows = self.store.with(|c| {
+            c.query(
+                "SELECT s.session_id FROM sessions s JOIN replicas r ON r.id = s.replica \
+                 WHERE r.id <> $1 AND r.seen_at > now() - $2::BIGINT * interval '1 millisecond'",
+                &[&self.id, &alive],
+            )
+        })?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The replica other than this one holding the newest connection of
