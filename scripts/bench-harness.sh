@@ -2,7 +2,8 @@
 # `bmx bench harness` against both stores (issue 17, docs/benchmarks.md):
 # the embedded SQLite default, then PostgreSQL, a throwaway cluster started
 # here with fsync on (as a production database runs) on a private port and
-# data dir, stopped at the end. Extra arguments go to every run, e.g.
+# data dir, stopped at the end; then two replicas over that PostgreSQL,
+# sharing the server's core. Extra arguments go to every run, e.g.
 #   scripts/bench-harness.sh --executors 1000,10000 --json
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,3 +20,5 @@ if [ -z "${BMX_TEST_PG:-}" ]; then
 fi
 echo "== PostgreSQL (fsync on)"
 "$bmx" bench harness --no-baseline --harness-arg=--store --harness-arg="$BMX_TEST_PG" "$@"
+echo "== two replicas over PostgreSQL (fsync on), one core"
+"$bmx" bench harness --no-baseline --replicas 2 --harness-arg=--store --harness-arg="$BMX_TEST_PG" "$@"

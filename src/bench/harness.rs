@@ -78,6 +78,10 @@ pub struct HarnessOptions {
     pub fencing_ops: usize,
     /// Also run the baseline peer at every N.
     pub baseline: bool,
+    /// Harness replicas over one PostgreSQL database (1: one harness), all
+    /// pinned to the server's core; executor i connects to replica i mod
+    /// `replicas`. Their CPU and memory are summed.
+    pub replicas: usize,
 }
 
 /// One server at one N.
@@ -262,6 +266,13 @@ pub async fn run(opts: &HarnessOptions) -> Result<HarnessReport, String> {
     if opts.executors.is_empty() {
         return Err("--executors is empty".into());
     }
+    let pg_store = opts
+        .harness_args
+        .iter()
+        .any(|a| bmx::harness::store::postgres::is_postgres_url(a));
+    if opts.replicas > 1 && !pg_store {
+        return Err("--replicas needs a PostgreSQL store (--harness-arg=--store --harness-arg=postgres://...)".into());
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cpus < 2 {
         return Err("needs two CPUs: the server on one, the load on the other".into());
@@ -291,7 +302,7 @@ pub async fn run(opts: &HarnessOptions) -> Result<HarnessReport, String> {
     }
     let held = rows
         .iter()
-        .filter(|r| r.server == "harness")
+        .filter(|r| r.server != "baseline")
         .filter(|r| {
             r.server_cpu < HELD_CPU
                 && r.failed == 0
@@ -391,46 +402,24 @@ async fn one(
     tokens: &Path,
     opts: &HarnessOptions,
 ) -> Result<(LoadRow, Option<AssignRow>), String> {
-    let port = free_port()?;
-    let listen = format!("127.0.0.1:{port}");
-    let mut cmd = Command::new(exe);
-    match server {
-        Server::Harness => {
-            let data = dir.join(format!("data-{n}-{port}"));
-            cmd.arg("harness")
-                .args(["--listen", &listen, "--heartbeat-ms", "1000"])
-                .args(["--lease-ttl-ms", "30000", "--tokens-file"])
-                .arg(tokens)
-                .arg("--data-dir")
-                .arg(&data)
-                .args(&opts.harness_args);
-        }
-        Server::Peer => {
-            cmd.args([
-                "bench",
-                "harness-peer",
-                "--listen",
-                &listen,
-                "--tokens-file",
-            ])
-            .arg(tokens);
-        }
+    let count = match server {
+        Server::Harness => opts.replicas.max(1),
+        Server::Peer => 1,
+    };
+    let mut servers = Vec::with_capacity(count);
+    let mut pids = Vec::with_capacity(count);
+    let mut listens = Vec::with_capacity(count);
+    for k in 0..count {
+        let (srv, pid, listen) = start_server(exe, dir, server, n, k, count, tokens, opts).await?;
+        servers.push(srv);
+        pids.push(pid);
+        listens.push(listen);
     }
-    cmd.env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true);
-    pinned(&mut cmd, 0);
-    let mut srv = Reaped(cmd.spawn().map_err(|e| format!("start server: {e}"))?);
-    let pid = srv.0.id().ok_or("server exited at once")?;
-    // Ready when it prints its first line (both print after listening).
-    let mut out = BufReader::new(srv.0.stdout.take().ok_or("server stdout")?).lines();
-    match tokio::time::timeout(Duration::from_secs(30), out.next_line()).await {
-        Ok(Ok(Some(_))) => {}
-        _ => return Err(format!("{server:?} did not start on {listen}")),
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    let listen = listens[0].clone();
+    let urls: Vec<String> = listens
+        .iter()
+        .map(|l| format!("ws://{l}{}", transport::CONNECT_PATH))
+        .collect();
 
     let assign_secs = if server == Server::Harness {
         opts.assign_secs
@@ -439,7 +428,7 @@ async fn one(
     };
     let mut cmd = Command::new(exe);
     cmd.args(["bench", "harness-load", "--url"])
-        .arg(format!("ws://{listen}{}", transport::CONNECT_PATH))
+        .arg(urls.join(","))
         .arg("--api")
         .arg(format!("http://{listen}"))
         .arg("--executors")
@@ -480,7 +469,11 @@ async fn one(
         };
         let event: LoadEvent =
             serde_json::from_str(&line).map_err(|e| format!("load said {line:?}: {e}"))?;
-        let cpu_now = || cpu_secs(pid).ok_or_else(|| format!("{server:?} exited"));
+        let cpu_now = || {
+            pids.iter()
+                .map(|&p| cpu_secs(p).ok_or_else(|| format!("{server:?} exited")))
+                .sum::<Result<f64, String>>()
+        };
         match event {
             LoadEvent::Connected { connected: c, .. } => connected = c,
             LoadEvent::WindowStart => window = Some((cpu_now()?, Instant::now())),
@@ -490,17 +483,20 @@ async fn one(
                 let server_cpu = cpu / wall;
                 row = Some(LoadRow {
                     server: match server {
-                        Server::Harness => "harness",
-                        Server::Peer => "baseline",
-                    }
-                    .into(),
+                        Server::Harness if count > 1 => format!("{count}-replica"),
+                        Server::Harness => "harness".into(),
+                        Server::Peer => "baseline".into(),
+                    },
                     executors: n,
                     connected,
                     window_secs: st.secs,
                     heartbeats_per_sec: st.ok as f64 / st.secs,
                     server_cpu,
                     cpu_us_per_heartbeat: cpu * 1e6 / (st.ok.max(1) as f64),
-                    server_rss_bytes: super::rss_kib(&pid.to_string()).map_or(0, |k| k * 1024),
+                    server_rss_bytes: pids
+                        .iter()
+                        .map(|p| super::rss_kib(&p.to_string()).map_or(0, |k| k * 1024))
+                        .sum(),
                     rtt_p50_us: st.p50_us,
                     rtt_p99_us: st.p99_us,
                     rtt_max_us: st.max_us,
@@ -532,8 +528,67 @@ async fn one(
         return Err(format!("{server:?} N={n}: the load failed ({status})"));
     }
     let row = row.ok_or_else(|| format!("{server:?} N={n}: no measured window"))?;
-    drop(srv);
+    drop(servers);
     Ok((row, assign))
+}
+
+/// Start server `k` of `count` (a replica id each when `count > 1`),
+/// pinned to CPU 0; returns it once it listens, with its pid and address.
+#[allow(clippy::too_many_arguments)]
+async fn start_server(
+    exe: &Path,
+    dir: &Path,
+    server: Server,
+    n: usize,
+    k: usize,
+    count: usize,
+    tokens: &Path,
+    opts: &HarnessOptions,
+) -> Result<(Reaped, u32, String), String> {
+    let port = free_port()?;
+    let listen = format!("127.0.0.1:{port}");
+    let mut cmd = Command::new(exe);
+    match server {
+        Server::Harness => {
+            let data = dir.join(format!("data-{n}-{port}"));
+            cmd.arg("harness")
+                .args(["--listen", &listen, "--heartbeat-ms", "1000"])
+                .args(["--lease-ttl-ms", "30000", "--tokens-file"])
+                .arg(tokens)
+                .arg("--data-dir")
+                .arg(&data)
+                .args(&opts.harness_args);
+            if count > 1 {
+                cmd.args(["--replica-id", &format!("bench-{k}")]);
+            }
+        }
+        Server::Peer => {
+            cmd.args([
+                "bench",
+                "harness-peer",
+                "--listen",
+                &listen,
+                "--tokens-file",
+            ])
+            .arg(tokens);
+        }
+    }
+    cmd.env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    pinned(&mut cmd, 0);
+    let mut srv = Reaped(cmd.spawn().map_err(|e| format!("start server: {e}"))?);
+    let pid = srv.0.id().ok_or("server exited at once")?;
+    // Ready when it prints its first line (both print after listening).
+    let mut out = BufReader::new(srv.0.stdout.take().ok_or("server stdout")?).lines();
+    match tokio::time::timeout(Duration::from_secs(30), out.next_line()).await {
+        Ok(Ok(Some(_))) => {}
+        _ => return Err(format!("{server:?} did not start on {listen}")),
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    Ok((srv, pid, listen))
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {
@@ -772,7 +827,11 @@ struct Window {
 /// `bmx bench harness-load`: the simulated executors.
 pub async fn load_main(opts: &LoadOptions) -> Result<(), String> {
     bmx::process::sys::raise_nofile_limit();
-    let endpoint = Endpoint::parse(&opts.url).map_err(|e| e.to_string())?;
+    let endpoints = opts
+        .url
+        .split(',')
+        .map(|u| Endpoint::parse(u).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, String>>()?;
     let n = opts.executors;
     // Connect in bounded batches: a burst of 10 000 handshakes would only
     // measure the accept queue.
@@ -781,7 +840,10 @@ pub async fn load_main(opts: &LoadOptions) -> Result<(), String> {
     let mut i = 0;
     while i < n {
         let end = (i + DIAL_CONCURRENCY).min(n);
-        let batch = futures_util::future::join_all((i..end).map(|k| connect(&endpoint, k))).await;
+        let batch = futures_util::future::join_all(
+            (i..end).map(|k| connect(&endpoints[k % endpoints.len()], k)),
+        )
+        .await;
         for r in batch {
             match r {
                 Ok(c) => sims.push(Some(c)),

@@ -153,6 +153,11 @@ pub enum BenchCommand {
         /// Skip the baseline peer.
         #[arg(long)]
         no_baseline: bool,
+        /// Harness replicas over one PostgreSQL database (needs
+        /// `--harness-arg=--store --harness-arg=postgres://...`), all on
+        /// the server's core; the simulated executors are spread over them.
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
         /// Token bumps of the fencing row.
         #[arg(long, default_value_t = 1_000_000)]
         fencing_ops: usize,
@@ -170,6 +175,7 @@ pub enum BenchCommand {
     /// The harness benchmark's simulated executors.
     #[command(hide = true)]
     HarnessLoad {
+        /// Executor i dials the i-th of these (comma-separated), round robin.
         #[arg(long)]
         url: String,
         #[arg(long)]
@@ -320,10 +326,12 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             assign_concurrency,
             harness_args,
             no_baseline,
+            replicas,
             fencing_ops,
             json,
         } => {
             let opts = harness::HarnessOptions {
+                replicas: replicas.max(1),
                 executors: executors.into_iter().filter(|&n| n > 0).collect(),
                 warmup_secs,
                 window_secs: window_secs.max(1),

@@ -304,8 +304,23 @@ impl HarnessBuilder {
             let _ = shared.enrollments.set(e);
         }
         if let Some(d) = self.durable {
+            // Over several replicas, the sessions another live replica
+            // holds are its own: not loaded here (docs/store.md,
+            // "Takeover").
+            let skip = match &self.replicas {
+                Some(r) => {
+                    let (r, alive) = (r.clone(), shared.config.lease_ttl_ms);
+                    tokio::task::spawn_blocking(move || r.held_elsewhere(alive))
+                        .await
+                        .map_err(|e| HarnessError::Spawn(e.to_string()))?
+                        .map_err(|e| HarnessError::Spawn(e.to_string()))?
+                        .into_iter()
+                        .collect()
+                }
+                None => std::collections::HashSet::new(),
+            };
             // Before the leases actor starts: it rebuilds from these.
-            runtime::restore_sessions(&shared, &d)
+            runtime::restore_sessions(&shared, &d, &skip)
                 .await
                 .map_err(|e| HarnessError::Spawn(e.to_string()))?;
             let _ = shared.durable.set(d);

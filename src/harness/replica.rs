@@ -21,11 +21,15 @@
 //! Memory: one entry per executor id ever connected to this replica (a
 //! generation and this replica's live connections of it).
 
+use crate::harness::actors::leases::Adopted;
 use crate::harness::runtime::Shared;
+use crate::harness::store::durable::StoredSession;
 use crate::harness::store::pg_replicas::Generation;
-use crate::harness::store::PgReplicas;
+use crate::harness::store::{DurableState, PgReplicas, StoreError};
+use crate::harness::types::{SessionInfo, SessionState};
 use crate::lease::ConnId;
-use crate::wire::CloseCode;
+use crate::wire::types::{AssignParams, AssignResult, LeaseGrant};
+use crate::wire::{CloseCode, Link, Method};
 use dashmap::DashMap;
 use std::sync::{Arc, Weak};
 
@@ -104,6 +108,73 @@ impl Generations {
             .filter(|e| !e.local.is_empty())
             .map(|e| e.key().clone())
             .collect()
+    }
+}
+
+/// A session row of the database, as another replica left it, for
+/// [`judge_takeover`]. Times are unix ms on the database's clock, except
+/// `lease_expires_at_ms`, which the writing harness computed from its own
+/// (docs/store.md, "Takeover").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeoverRow {
+    pub executor_id: String,
+    pub ended: bool,
+    /// Set by the replica that held the grant once its holder connection
+    /// was lost: the orphaned lease runs out then.
+    pub lease_expires_at_ms: Option<u64>,
+    /// When the replica that made the grant was last seen alive (its row
+    /// of `replicas`), or when the row was written if that replica has no
+    /// row.
+    pub owner_seen_ms: u64,
+}
+
+/// What a replica does with a resumed session it does not hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// The lease is still current: take the grant over (a new fencing
+    /// token, claimed conditionally on the row's) and keep the session.
+    Take,
+    /// The lease ran out: end the row (`lease_expired`) and tell the
+    /// executor to stop the session.
+    Expired,
+    /// Not this executor's, or already over: the executor stops it; the
+    /// row is left alone.
+    NotYours,
+}
+
+/// The takeover rule, without I/O: may `executor_id`, resuming `row`'s
+/// session at `now_ms` (the database's clock), keep it?
+///
+/// A lease is current while its holder connection lives, and for
+/// `ttl_ms` after the holder's last frame once it is lost. The replica
+/// that held it records that deadline when it sees the loss
+/// (`lease_expires_at_ms`). A replica that died recorded nothing: the
+/// last frame it can have acknowledged came at most one poll interval
+/// (`poll_ms`, how often a live replica refreshes its row) after it was
+/// last seen, so its leases ran out by `owner_seen_ms + poll_ms + ttl_ms`
+/// at the latest. A row whose holder is still live on a replica that is
+/// alive is current too: the executor's newest connection is the
+/// resuming one (the database numbered it), so the older holder is being
+/// closed with 4004, and the new grant's higher fencing token fences it.
+pub fn judge_takeover(
+    row: &TakeoverRow,
+    executor_id: &str,
+    now_ms: u64,
+    ttl_ms: u64,
+    poll_ms: u64,
+) -> Takeover {
+    if row.ended || row.executor_id != executor_id {
+        return Takeover::NotYours;
+    }
+    let deadline = row.lease_expires_at_ms.unwrap_or_else(|| {
+        row.owner_seen_ms
+            .saturating_add(poll_ms)
+            .saturating_add(ttl_ms)
+    });
+    if now_ms < deadline {
+        Takeover::Take
+    } else {
+        Takeover::Expired
     }
 }
 
@@ -205,6 +276,162 @@ pub(crate) fn watch(shared: &Arc<Shared>, url: String) -> Result<(), std::io::Er
     Ok(())
 }
 
+/// Take over, for a resumed register of `executor_id` on this replica's
+/// connection `connection_id`, the sessions of `resume` this replica does
+/// not know (another replica granted them; it died, or the executor moved
+/// away from it). Per session, by the database's clock
+/// ([`judge_takeover`]): a current lease gets a new grant of this replica
+/// (a fencing token above the old one), made the row only if the row is
+/// still the old grant ([`PgReplicas::take_over`]); an expired one is
+/// ended in the database (`lease_expired`) and left to the register to
+/// stop. Returns the sessions won, for the leases actor to adopt. A
+/// failing database takes nothing over (the executor is told to stop
+/// what it resumed, as before; logged).
+pub(crate) async fn take_over(
+    shared: &Shared,
+    executor_id: &str,
+    connection_id: &str,
+    resume: &[String],
+) -> Vec<Adopted> {
+    let (Some(replica), Some(durable)) = (shared.replica.get(), shared.durable.get()) else {
+        return Vec::new();
+    };
+    let unknown: Vec<String> = resume
+        .iter()
+        .filter(|s| !shared.sessions.contains_key(*s))
+        .cloned()
+        .collect();
+    if unknown.is_empty() {
+        return Vec::new();
+    }
+    let (db, durable) = (replica.db.clone(), durable.clone());
+    let (exec, conn) = (executor_id.to_owned(), connection_id.to_owned());
+    let ttl = shared.config.lease_ttl_ms;
+    let poll = shared.config.heartbeat_interval_ms.max(50);
+    let done = tokio::task::spawn_blocking(move || {
+        take_over_blocking(&db, &durable, &exec, &conn, &unknown, ttl, poll)
+    })
+    .await;
+    match done {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read resumed sessions from the store; none taken over");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "takeover task failed");
+            Vec::new()
+        }
+    }
+}
+
+fn take_over_blocking(
+    db: &PgReplicas,
+    durable: &DurableState,
+    executor_id: &str,
+    connection_id: &str,
+    sessions: &[String],
+    ttl_ms: u64,
+    poll_ms: u64,
+) -> Result<Vec<Adopted>, StoreError> {
+    let (now, rows) = db.takeover_rows(sessions)?;
+    let mut adopted = Vec::new();
+    for (stored, row) in rows {
+        let id = stored.info.session_id.clone();
+        let previous = stored.info.fencing_token;
+        match judge_takeover(&row, executor_id, now, ttl_ms, poll_ms) {
+            Takeover::Take => {
+                let token = match durable.token_above(&id, previous) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e, "no fencing token for a takeover");
+                        continue;
+                    }
+                };
+                let mut info = stored.info;
+                info.fencing_token = token;
+                info.lease_token = format!("lease-{id}-{token}");
+                info.connection_id = Some(connection_id.to_owned());
+                info.state = SessionState::Active;
+                let s = StoredSession {
+                    info,
+                    lease_expires_at_ms: None,
+                };
+                match db.take_over(&s, previous) {
+                    Ok(Some(results)) => {
+                        tracing::info!(session = %id, previous, fencing_token = token,
+                            "taking over a session granted by another replica");
+                        adopted.push(Adopted {
+                            info: s.info,
+                            results,
+                        });
+                    }
+                    Ok(None) => {
+                        tracing::info!(session = %id, "the session's row changed meanwhile: not taken over");
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e, "takeover claim failed");
+                    }
+                }
+            }
+            Takeover::Expired => {
+                let mut info = stored.info;
+                info.state = SessionState::Ended;
+                info.ended_reason = Some("lease_expired".into());
+                info.ended_at = Some(crate::wire::types::now_rfc3339());
+                let s = StoredSession {
+                    info,
+                    lease_expires_at_ms: None,
+                };
+                match db.end_expired(&s, previous) {
+                    Ok(ended) => {
+                        tracing::info!(session = %id, ended, "a resumed session's lease ran out while no replica held it")
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e, "cannot end an expired session")
+                    }
+                }
+            }
+            Takeover::NotYours => {
+                tracing::debug!(session = %id, "resumed session not this executor's, or over");
+            }
+        }
+    }
+    Ok(adopted)
+}
+
+/// Tell the executor the new grant of a session taken over (its fencing
+/// token is higher: PROTOCOL.md §5, "the lease is renewed in place"; the
+/// session and its processes go on).
+pub(crate) async fn renew(link: &Link, info: &SessionInfo, timeout: std::time::Duration) {
+    let params = AssignParams {
+        session_id: info.session_id.clone(),
+        work_id: info.session_id.clone(),
+        agent_id: None,
+        environment_id: None,
+        lease: LeaseGrant {
+            token: info.lease_token.clone(),
+            fencing_token: info.fencing_token,
+        },
+        deadline_ms: None,
+        mcp_servers: Vec::new(),
+        metadata: info.metadata.clone(),
+        resources: Vec::new(),
+        restore: None,
+    };
+    match link
+        .request::<_, AssignResult>(Method::SessionAssign, &params, timeout)
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(session = %info.session_id, "taken-over grant renewed on the executor")
+        }
+        Err(e) => {
+            tracing::warn!(session = %info.session_id, error = %e, "renewing a taken-over grant failed")
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,5 +459,70 @@ mod tests {
         assert!(g.admit("f", ConnId(4), 1, || true));
         g.forget("e", ConnId(3));
         assert_eq!(g.local_executors(), vec!["f".to_owned()]);
+    }
+
+    fn row(expires: Option<u64>, seen: u64) -> TakeoverRow {
+        TakeoverRow {
+            executor_id: "e".into(),
+            ended: false,
+            lease_expires_at_ms: expires,
+            owner_seen_ms: seen,
+        }
+    }
+
+    #[test]
+    fn a_dead_replicas_lease_runs_out_one_poll_and_one_ttl_after_it_was_seen() {
+        let r = row(None, 1_000);
+        assert_eq!(judge_takeover(&r, "e", 1_000, 500, 100), Takeover::Take);
+        assert_eq!(judge_takeover(&r, "e", 1_599, 500, 100), Takeover::Take);
+        assert_eq!(judge_takeover(&r, "e", 1_600, 500, 100), Takeover::Expired);
+        // A recorded deadline is the lease's, whatever the owner's liveness.
+        let r = row(Some(1_200), 5_000);
+        assert_eq!(judge_takeover(&r, "e", 1_199, 500, 100), Takeover::Take);
+        assert_eq!(judge_takeover(&r, "e", 1_200, 500, 100), Takeover::Expired);
+        // Another executor's session, or one over, is never taken.
+        assert_eq!(judge_takeover(&r, "f", 0, 500, 100), Takeover::NotYours);
+        let ended = TakeoverRow {
+            ended: true,
+            ..row(None, 1_000)
+        };
+        assert_eq!(judge_takeover(&ended, "e", 0, 500, 100), Takeover::NotYours);
+    }
+
+    proptest::proptest! {
+        /// Once a lease counts as run out it stays so at every later
+        /// `now`; only its own executor ever takes it; an ended row never.
+        #[test]
+        fn takeover_is_monotonic_in_time(
+            expires in proptest::option::of(0u64..10_000),
+            seen in 0u64..10_000,
+            ended: bool,
+            mine: bool,
+            now in 0u64..20_000,
+            later in 0u64..20_000,
+            ttl in 0u64..5_000,
+            poll in 0u64..1_000,
+        ) {
+            let r = TakeoverRow {
+                executor_id: if mine { "e".into() } else { "f".into() },
+                ended,
+                lease_expires_at_ms: expires,
+                owner_seen_ms: seen,
+            };
+            let first = judge_takeover(&r, "e", now, ttl, poll);
+            if !mine || ended {
+                proptest::prop_assert_eq!(first, Takeover::NotYours);
+            }
+            if first == Takeover::Expired {
+                proptest::prop_assert_eq!(
+                    judge_takeover(&r, "e", now + later, ttl, poll),
+                    Takeover::Expired
+                );
+            }
+            if first == Takeover::Take {
+                let deadline = expires.unwrap_or(seen + poll + ttl);
+                proptest::prop_assert!(now < deadline);
+            }
+        }
     }
 }

@@ -341,9 +341,13 @@ pub(crate) fn unix_ms() -> u64 {
 /// to rebuild from (as after its own crash): their holders are gone, so
 /// each live one is orphaned and waits for its executor's resume. An
 /// orphaned lease keeps what was left of its deadline, at most one TTL.
+///
+/// `skip`: sessions another live replica holds (over PostgreSQL), left to
+/// it.
 pub(crate) async fn restore_sessions(
     shared: &Shared,
     durable: &DurableState,
+    skip: &std::collections::HashSet<String>,
 ) -> Result<usize, StoreError> {
     let d = durable.clone();
     let (sessions, _) = tokio::task::spawn_blocking(move || d.load())
@@ -355,6 +359,9 @@ pub(crate) async fn restore_sessions(
     let n = sessions.len();
     for s in sessions {
         let id = s.info.session_id.clone();
+        if skip.contains(&id) {
+            continue;
+        }
         if s.info.state != crate::harness::types::SessionState::Ended {
             if let Some(at) = s.lease_expires_at_ms {
                 let left = at.saturating_sub(wall).min(ttl);

@@ -389,6 +389,52 @@ impl LeaseTable {
         })
     }
 
+    /// Takes over a grant another harness made (over a database shared by
+    /// several replicas; docs/store.md, "Takeover"): the session gets a
+    /// lease for `executor_id` under `fencing_token` (issued by the caller
+    /// from the store, above the old grant's), orphaned until the
+    /// executor's resumed [`register`](Self::register), which keeps it
+    /// because `resume` lists it. It runs out one TTL from `now` like any
+    /// orphaned lease, should that register not come.
+    ///
+    /// Refused with [`LeaseError::AlreadyLeased`] when this table already
+    /// holds a lease of the session at or above `fencing_token` (its own
+    /// grant is newer, or the same), so a token never goes backwards.
+    pub fn adopt(
+        &mut self,
+        session_id: &str,
+        executor_id: &str,
+        fencing_token: u64,
+        now: u64,
+    ) -> Result<Grant, LeaseError> {
+        if let Some(l) = self.leases.get(session_id) {
+            if l.fencing_token >= fencing_token {
+                return Err(LeaseError::AlreadyLeased {
+                    holder: l.executor_id.clone(),
+                });
+            }
+        }
+        let lease_token = format!("lease-{session_id}-{fencing_token}");
+        // ConnId(0) is never minted: the holder is not connected yet.
+        let holder = ConnId(0);
+        self.leases.insert(
+            session_id.to_owned(),
+            Lease {
+                executor_id: executor_id.to_owned(),
+                holder,
+                lease_token: lease_token.clone(),
+                fencing_token,
+                expires_at: Some(now.saturating_add(self.ttl)),
+            },
+        );
+        Ok(Grant {
+            session_id: session_id.to_owned(),
+            holder,
+            lease_token,
+            fencing_token,
+        })
+    }
+
     /// The session ended or was stopped: its lease is removed. The fencing
     /// counter stays in the store, so a later session with the same id gets
     /// a higher token.
@@ -530,6 +576,32 @@ mod tests {
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn an_adopted_grant_is_kept_by_the_resume_that_lists_it() {
+        let mut t = table();
+        let g = t.adopt("s", "e", 40, 0).unwrap();
+        assert_eq!(g.fencing_token, 40);
+        // Orphaned until the executor registers, like any lost holder.
+        assert_eq!(t.holder("s").unwrap().expires_at, Some(TTL));
+        assert_eq!(t.check_frame(ConnId(1), "s", 0), Err(LeaseError::NotHolder));
+        let r = t.register("e", ConnId(1), &names(&["s"]), 10);
+        assert_eq!(r.kept, names(&["s"]));
+        assert!(r.to_stop.is_empty() && r.ended.is_empty());
+        let h = t.holder("s").unwrap();
+        assert_eq!(
+            (h.conn, h.fencing_token, h.expires_at),
+            (ConnId(1), 40, None)
+        );
+        assert_eq!(t.check_frame(ConnId(1), "s", 10), Ok(()));
+        // Never back to an older or the same grant.
+        assert!(t.adopt("s", "e", 40, 10).is_err());
+        assert!(t.adopt("s", "e", 39, 10).is_err());
+        // Not resumed in time: it runs out like any orphaned lease.
+        let mut t = table();
+        t.adopt("s", "e", 7, 0).unwrap();
+        assert_eq!(t.tick(TTL).expired, names(&["s"]));
     }
 
     #[test]

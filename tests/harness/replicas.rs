@@ -14,6 +14,13 @@
 //! * API calls on any replica: a session created and used through the
 //!   replica that does not hold its executor's connection (the calls are
 //!   forwarded to the one that does).
+//! * Takeover: a replica killed with SIGKILL; its executor reconnects to
+//!   the other (through a TCP forwarder: `bmx executor` dials one URL),
+//!   which takes its session over with a larger fencing token: the
+//!   session's process runs on with no byte of its output lost, a tool
+//!   call in flight at the kill is answered once, and calls work there.
+//!   A session whose lease ran out (by the database's clock) before its
+//!   executor came back is not taken over: the executor is told to stop it.
 
 use bmx::client::ApiClient;
 use serde_json::json;
@@ -66,11 +73,20 @@ fn free_port() -> u16 {
 }
 
 fn harness(port: u16, data: &Path, store: &str, id: &str) -> Proc {
+    harness_ttl(port, data, store, id, 20_000)
+}
+
+fn harness_ttl(port: u16, data: &Path, store: &str, id: &str, ttl_ms: u64) -> Proc {
     let child = Command::new(BMX)
         .args(["harness", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--token", "ex-a=tok-a", "--token", "ex-b=tok-b"])
         .args(["--token", "ex-same=tok-same"])
-        .args(["--heartbeat-ms", "500", "--lease-ttl-ms", "20000"])
+        .args([
+            "--heartbeat-ms",
+            "500",
+            "--lease-ttl-ms",
+            &ttl_ms.to_string(),
+        ])
         .args(["--replica-id", id])
         .arg("--data-dir")
         .arg(data)
@@ -389,4 +405,374 @@ async fn calls_on_any_replica_reach_the_sessions_executor() {
     for p in procs {
         assert!(p.term().success());
     }
+}
+
+/// A TCP forwarder on 127.0.0.1: every connection it accepts goes to the
+/// port `target` names at that moment (the executor dials one URL; the
+/// test moves it from one replica to the other).
+struct Forwarder {
+    port: u16,
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(to: u16) -> Forwarder {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(to));
+        let t = target.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                let to = t.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+            }
+        });
+        Forwarder { port, target, task }
+    }
+
+    fn point_to(&self, port: u16) {
+        self.target.store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A session's row: (fencing token, replica, state, ended reason).
+fn full_row(db: &str, session: &str) -> Option<(i64, String, String, Option<String>)> {
+    let (db, session) = (db.to_owned(), session.to_owned());
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+        c.query_opt(
+            "SELECT fencing_token, replica, state, ended_reason FROM sessions WHERE session_id = $1",
+            &[&session],
+        )
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+    })
+    .join()
+    .unwrap()
+}
+
+/// Whether, by the database's clock, `ms` have passed since `replica`
+/// was last seen.
+fn unseen_for(db: &str, replica: &str, ms: i64) -> bool {
+    let (db, replica) = (db.to_owned(), replica.to_owned());
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+        c.query_one(
+            "SELECT now() >= seen_at + $2::BIGINT * interval '1 millisecond' \
+             FROM replicas WHERE id = $1",
+            &[&replica, &ms],
+        )
+        .unwrap()
+        .get(0)
+    })
+    .join()
+    .unwrap()
+}
+
+/// Stdout of process `pid` of `session` from byte 0, through `client`:
+/// (bytes, gap seen, state).
+async fn output(client: &ApiClient, session: &str, pid: &str) -> (Vec<u8>, bool, String) {
+    let (status, r) = client
+        .get(&format!(
+            "/v1/sessions/{session}/processes/{pid}/output?cursor=0&maxBytes=1048576"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{r}");
+    let data = bmx::wire::blob::base64_decode(r["data"].as_str().unwrap()).unwrap();
+    let gap = r["gap"].as_bool().unwrap_or(true) || r["fromCursor"] != 0;
+    (
+        data,
+        gap,
+        r["state"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// The numbers a counting process printed, checked to be 1, 2, 3, ...
+/// with none missing (a last line cut short is left out).
+fn counted(data: &[u8]) -> u64 {
+    let text = String::from_utf8_lossy(data);
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    let mut n = 0u64;
+    for line in complete.lines() {
+        let v: u64 = line.parse().unwrap_or_else(|_| panic!("bad line {line:?}"));
+        assert_eq!(v, n + 1, "line {v} after {n}: bytes were lost");
+        n = v;
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_sessions_are_taken_over() {
+    let Some(db) = super::pg_support::fresh("replicas_takeover") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
+    let [mut a_proc, b_proc] = procs;
+    let [a, b] = clients;
+    let fwd = Forwarder::start(ports[0]).await;
+    let work = tempfile::tempdir().unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let mut exec = executor(fwd.port, "tok-a", work.path());
+    until("the executor on A", || async {
+        lists(&a, "ex-a").await.then_some(())
+    })
+    .await;
+
+    let (status, s) = a
+        .post(
+            "/v1/sessions",
+            &json!({"sessionId": "take-1", "executorId": "ex-a"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{s}");
+    let token1 = s["fencingToken"].as_i64().unwrap();
+    assert_eq!(row(&db.url, "take-1"), Some((token1, "replica-a".into())));
+    // A process counting, one line every 20 ms, for as long as it lives.
+    let (status, p) = a
+        .post(
+            "/v1/sessions/take-1/processes",
+            &json!({"processId": "count", "argv": ["sh", "-c",
+                "i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{p}");
+    assert_eq!(p["state"], "running", "{p}");
+    // A tool call finished before the kill, and one in flight at it.
+    let runs = marks.path().join("runs");
+    let done_call = json!({"tool": "bash", "toolCallId": "t-done",
+        "input": {"command": "echo done-before-$((40+2))"}});
+    let (status, done_before) = a
+        .post("/v1/sessions/take-1/tools", &done_call)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{done_before}");
+    let flight = json!({"tool": "bash", "toolCallId": "t-flight", "input": {"command":
+        format!("echo run >> {}; sleep 2; echo in-flight-done", runs.display())}});
+    let lost = {
+        let (a2, flight) = (client(ports[0]), flight.clone());
+        tokio::spawn(async move { a2.post("/v1/sessions/take-1/tools", &flight).await })
+    };
+    until("the tool call to start", || async {
+        std::fs::read_to_string(&runs)
+            .ok()
+            .filter(|s| !s.is_empty())
+    })
+    .await;
+    let (before, gap, _) = output(&a, "take-1", "count").await;
+    assert!(!gap);
+    let counted_before = counted(&before);
+    assert!(counted_before > 0);
+
+    // SIGKILL A; the executor's next dial reaches B.
+    a_proc.0.kill().unwrap();
+    a_proc.0.wait().unwrap();
+    fwd.point_to(ports[1]);
+    let lost = lost.await.unwrap();
+    assert!(
+        !matches!(lost, Ok((200, _))),
+        "answered by a dead replica: {lost:?}"
+    );
+
+    until("the executor on B", || async {
+        lists(&b, "ex-a").await.then_some(())
+    })
+    .await;
+    let taken = until("B to hold the session", || async {
+        let (status, v) = b.get("/v1/sessions/take-1").await.ok()?;
+        (status == 200 && v["state"] == "active").then_some(v)
+    })
+    .await;
+    let token2 = taken["fencingToken"].as_i64().unwrap();
+    assert!(token2 > token1, "token {token2} after {token1}");
+    assert_eq!(taken["executorId"], "ex-a");
+    // The database decided: the row is B's grant.
+    assert_eq!(row(&db.url, "take-1"), Some((token2, "replica-b".into())));
+    assert!(exec.exited().is_none(), "the executor stopped");
+
+    // The process ran on: its output through B from byte 0 is the output
+    // A showed, continued, with no number missing; and it still grows.
+    let (after, gap, state) = output(&b, "take-1", "count").await;
+    assert!(!gap, "bytes were dropped");
+    assert_eq!(state, "running");
+    assert_eq!(&after[..before.len()], &before[..], "the output changed");
+    let counted_after = counted(&after);
+    until("the process to go on counting", || async {
+        let (more, _, _) = output(&b, "take-1", "count").await;
+        (counted(&more) > counted_after).then_some(())
+    })
+    .await;
+
+    // The call in flight at the kill: asked again on B, answered with the
+    // one result; its command ran once.
+    let (status, r) = b.post("/v1/sessions/take-1/tools", &flight).await.unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["toolCallId"], "t-flight");
+    assert_eq!(r["outcome"], "succeeded", "{r}");
+    let text = r["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.contains("in-flight-done"), "{r}");
+    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n");
+    // The call finished before the kill: the same result.
+    let (status, again) = b
+        .post("/v1/sessions/take-1/tools", &done_call)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again, done_before);
+    // A new call on B.
+    let (status, r) = b
+        .post(
+            "/v1/sessions/take-1/tools",
+            &json!({"tool": "bash", "input": {"command": "echo on-b-$((6*7))"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{r}");
+    assert!(
+        r["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("on-b-42"),
+        "{r}"
+    );
+
+    // A comes back (same id, as a restarted replica does): the session is
+    // B's now, so A does not load it, and calls about it on A reach B.
+    let a_again = harness(ports[0], &data.path().join("a"), &db.url, "replica-a");
+    until("A to answer again", || async {
+        a.get("/v1/health").await.ok().filter(|r| r.0 == 200)
+    })
+    .await;
+    assert_eq!(local_status(ports[0], "take-1").await, 404);
+    let (status, v) = a.get("/v1/sessions/take-1").await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["fencingToken"].as_i64(), Some(token2), "{v}");
+    let (status, ended) = a.delete("/v1/sessions/take-1").await.unwrap();
+    assert_eq!(status, 200, "{ended}");
+    assert_eq!(ended["state"], "ended", "{ended}");
+    assert_eq!(
+        full_row(&db.url, "take-1").map(|r| (r.1, r.2)),
+        Some(("replica-b".into(), "ended".into()))
+    );
+    // The process ended with the session (no orphan).
+    let pid = p["pid"].as_u64().unwrap();
+    until("the process to be gone", || async {
+        (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    })
+    .await;
+    assert_eq!(exec.term().code(), Some(0));
+    assert!(b_proc.term().success());
+    assert!(a_again.term().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_lease_ran_out_is_not_taken_over() {
+    use super::harness_common::{dial_endpoint, Fake};
+    use bmx::wire::types::{AssignParams, AssignResult, Resume, StopParams, StopResult};
+    use bmx::wire::{Endpoint, Method, Responder};
+    const TTL_MS: u64 = 2_000;
+    let Some(db) = super::pg_support::fresh("replicas_expired") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut a_proc = harness_ttl(
+        ports[0],
+        &data.path().join("a"),
+        &db.url,
+        "replica-a",
+        TTL_MS,
+    );
+    let b_proc = harness_ttl(
+        ports[1],
+        &data.path().join("b"),
+        &db.url,
+        "replica-b",
+        TTL_MS,
+    );
+    let (a, b) = (client(ports[0]), client(ports[1]));
+    for c in [&a, &b] {
+        until("a replica to answer", || async {
+            c.get("/v1/health").await.ok().filter(|r| r.0 == 200)
+        })
+        .await;
+    }
+    let url = |p: u16| Endpoint::parse(&format!("ws://127.0.0.1:{p}/v1/executor/connect")).unwrap();
+    // A scripted executor (a real WebSocket client) on A with a session.
+    let mut fake: Fake = dial_endpoint(&url(ports[0]), "tok-b").await.unwrap();
+    fake.register(None).await.unwrap();
+    fake.keep_alive();
+    let create = {
+        let a = client(ports[0]);
+        tokio::spawn(async move {
+            a.post(
+                "/v1/sessions",
+                &json!({"sessionId": "exp-1", "executorId": "ex-b"}),
+            )
+            .await
+            .unwrap()
+        })
+    };
+    let (p, r): (AssignParams, Responder) = fake.expect(Method::SessionAssign).await;
+    r.ok(&AssignResult {
+        accepted: true,
+        session_id: p.session_id.clone(),
+    });
+    let (status, s) = create.await.unwrap();
+    assert_eq!(status, 201, "{s}");
+    let last_connection = fake.connection_id.clone();
+
+    // A dies; the executor stays away until, by the database's clock, the
+    // lease cannot be current any more (A last seen + poll + TTL).
+    a_proc.0.kill().unwrap();
+    a_proc.0.wait().unwrap();
+    drop(fake);
+    until("the lease to run out by the database's clock", || async {
+        unseen_for(&db.url, "replica-a", (TTL_MS + 500) as i64).then_some(())
+    })
+    .await;
+
+    // It resumes on B: told to stop the session, which B does not take.
+    let mut fake = dial_endpoint(&url(ports[1]), "tok-b").await.unwrap();
+    fake.register(Some(Resume {
+        executor_id: "ex-b".into(),
+        last_connection_id: last_connection,
+        active_sessions: vec!["exp-1".into()],
+    }))
+    .await
+    .unwrap();
+    let (stop, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
+    assert_eq!(stop.session_id, "exp-1");
+    assert_eq!(stop.reason, "lease_expired");
+    r.ok(&StopResult { stopped: true });
+    let (token, replica, state, reason) = full_row(&db.url, "exp-1").unwrap();
+    assert_eq!(
+        token,
+        s["fencingToken"].as_i64().unwrap(),
+        "a new grant was made"
+    );
+    assert_eq!(replica, "replica-a");
+    assert_eq!(state, "ended");
+    assert_eq!(reason.as_deref(), Some("lease_expired"));
+    assert_eq!(local_status(ports[1], "exp-1").await, 404);
+    let _ = b;
+    assert!(b_proc.term().success());
 }

@@ -70,6 +70,14 @@ fn harness(port: u16, data: &Path, store: Option<&str>) -> Guard {
         .arg("--data-dir")
         .arg(data)
         .args(store.map(|url| ["--store", url]).into_iter().flatten())
+        // A replica restarted keeps its id: it loads its own sessions (a
+        // new id would leave them to the takeover, docs/store.md).
+        .args(
+            store
+                .map(|_| ["--replica-id", "restarted"])
+                .into_iter()
+                .flatten(),
+        )
         .env("RUST_LOG", "warn")
         .env_remove("BMX_API_TOKEN")
         .stdout(Stdio::null())

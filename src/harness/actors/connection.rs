@@ -481,7 +481,10 @@ impl ConnState {
     ///
     /// `None`: replaced, the connection was closed with 4004; else the
     /// error to answer the register with.
-    async fn register_replicated(&self, msg: LeasesMsg) -> Result<(), Option<RpcError>> {
+    async fn register_replicated(
+        &self,
+        mut msg: LeasesMsg,
+    ) -> Result<Vec<crate::harness::types::SessionInfo>, Option<RpcError>> {
         let Some(replica) = self.shared.replica.get() else {
             return Err(Some(RpcError::internal("not a replica")));
         };
@@ -495,6 +498,20 @@ impl ConnState {
                 Some(RpcError::internal("store unavailable"))
             })?;
         tracing::debug!(generation, "connection numbered");
+        // Sessions it resumes that another replica granted (it died, or
+        // the executor left it): taken over from the database before the
+        // register settles the resume (docs/store.md, "Takeover").
+        let mut adopted_infos = Vec::new();
+        if let LeasesMsg::Register { resume, adopt, .. } = &mut msg {
+            *adopt = crate::harness::replica::take_over(
+                &self.shared,
+                &self.executor_id,
+                &self.connection_id,
+                resume,
+            )
+            .await;
+            adopted_infos = adopt.iter().map(|a| a.info.clone()).collect();
+        }
         let leases = self.shared.leases();
         let mut msg = Some(msg);
         // Sent under the executor's lock: this replica's registers of one
@@ -516,7 +533,7 @@ impl ConnState {
             }
         });
         if admitted {
-            return Ok(());
+            return Ok(adopted_infos);
         }
         if let Some(m) = msg {
             // The leases actor is restarting: wait for the next one (no
@@ -530,6 +547,7 @@ impl ConnState {
                     .shared
                     .send_leases(m)
                     .await
+                    .map(|()| adopted_infos)
                     .map_err(|_| shutting_down());
             }
         }
@@ -571,11 +589,13 @@ impl ConnState {
             conn: self.conn,
             executor_id: self.executor_id.clone(),
             resume,
+            adopt: Vec::new(),
             reply: tx,
         };
+        let mut adopted = Vec::new();
         if self.shared.replica.get().is_some() {
             match self.register_replicated(msg).await {
-                Ok(()) => {}
+                Ok(a) => adopted = a,
                 // Replaced: closed with 4004, which is the whole answer
                 // (nothing goes out after a close frame).
                 Err(None) => {
@@ -624,6 +644,17 @@ impl ConnState {
             executor_id: self.executor_id.clone(),
             connection_id: self.connection_id.clone(),
         });
+        // Sessions taken over from another replica and kept: the executor
+        // learns their new grant (a higher fencing token renews in place).
+        for info in adopted {
+            if registered.kept.contains(&info.session_id) {
+                let link = self.link.clone();
+                let timeout = config.request_timeout;
+                tokio::spawn(async move {
+                    crate::harness::replica::renew(&link, &info, timeout).await;
+                });
+            }
+        }
         // Sessions the executor still runs but may not keep (§3.5).
         for session_id in registered.to_stop {
             let link = self.link.clone();

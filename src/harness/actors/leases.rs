@@ -83,13 +83,25 @@ pub struct Assignment {
     pub previous: Option<u64>,
 }
 
+/// A session another replica granted, taken over by this one for a
+/// resumed register (docs/store.md, "Takeover"): its record under the new
+/// grant (already claimed in the database) and the tool results delivered
+/// under the old one.
+pub struct Adopted {
+    pub info: SessionInfo,
+    pub results: Vec<StoredResult>,
+}
+
 pub enum LeasesMsg {
     /// `executor.register` on `conn`; answered once the registry and the
     /// leases are settled (and a replaced connection was closed with 4004).
+    /// `adopt`: sessions taken over from another replica, kept if `resume`
+    /// lists them.
     Register {
         conn: ConnId,
         executor_id: String,
         resume: Vec<String>,
+        adopt: Vec<Adopted>,
         reply: oneshot::Sender<Registered>,
     },
     /// A frame arrived on `conn` (keeps it and its leases alive).
@@ -436,8 +448,12 @@ impl LeasesState {
                 conn,
                 executor_id,
                 resume,
+                adopt,
                 reply,
             } => {
+                for a in adopt {
+                    self.adopt(&executor_id, a);
+                }
                 let r = self.register(conn, &executor_id, &resume);
                 let _ = reply.send(r);
             }
@@ -497,6 +513,37 @@ impl LeasesState {
             LeasesMsg::Tick => self.tick(),
             LeasesMsg::InjectPanic => panic!("panic injected into the leases actor"),
         }
+    }
+
+    /// Put a session taken over from another replica into the table (an
+    /// orphaned lease under the new grant, kept by the register that
+    /// follows), the published map and the views (`active`), with the
+    /// results delivered under the old grant as delivered. A session this
+    /// replica already holds under a newer grant is left alone.
+    fn adopt(&mut self, executor_id: &str, a: Adopted) {
+        let session_id = a.info.session_id.clone();
+        let token = a.info.fencing_token;
+        let now = self.now();
+        if let Err(e) = self.table.adopt(&session_id, executor_id, token, now) {
+            tracing::warn!(session = %session_id, error = %e, "takeover refused by the lease table");
+            return;
+        }
+        if self.views.create(&session_id, executor_id, token).is_err() {
+            tracing::warn!(session = %session_id, "takeover of a session still running here");
+            return;
+        }
+        for (id, w) in self.tools.end(&session_id) {
+            let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
+        }
+        let mut info = a.info;
+        info.state = SessionState::Assigning;
+        self.shared.sessions.insert(session_id.clone(), info);
+        let effects = self.views.assign_answered(&session_id, token, true);
+        self.apply(effects);
+        for r in a.results {
+            let _ = self.tools.result(&r.session_id, &r.tool_call_id, r.result);
+        }
+        tracing::info!(session = %session_id, fencing_token = token, "session taken over from another replica");
     }
 
     fn register(&mut self, conn: ConnId, executor_id: &str, resume: &[String]) -> Registered {

@@ -15,6 +15,7 @@
 
 use super::App;
 use crate::harness::error::ApiError;
+use crate::harness::types::SessionState;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -33,7 +34,8 @@ const CREATE_BODY_MAX: usize = 2 << 20;
 
 /// Who to ask for the owner of a call.
 enum Owner {
-    Session(String),
+    /// A session, and the fencing token a newer grant must exceed.
+    Session(String, u64),
     Executor(String),
 }
 
@@ -50,10 +52,18 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     let path = req.uri().path().to_owned();
     let (req, owner) = if let Some(rest) = path.strip_prefix("/v1/sessions/") {
         let id = rest.split('/').next().unwrap_or_default().to_owned();
-        if id.is_empty() || shared.sessions.contains_key(&id) {
+        if id.is_empty() {
             return next.run(req).await;
         }
-        (req, Owner::Session(id))
+        // A session held here is answered here. One known here whose
+        // holder is gone (disconnected, or ended since) may have been
+        // taken over by another replica with a newer grant: asked there.
+        let above = match shared.sessions.get(&id).map(|r| (r.state, r.fencing_token)) {
+            None => 0,
+            Some((SessionState::Disconnected | SessionState::Ended, token)) => token,
+            Some(_) => return next.run(req).await,
+        };
+        (req, Owner::Session(id, above))
     } else if path == "/v1/sessions" && req.method() == Method::POST {
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, CREATE_BODY_MAX).await {
@@ -83,7 +93,7 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     let db = replica.db.clone();
     let alive = shared.config.lease_ttl_ms;
     let found = tokio::task::spawn_blocking(move || match owner {
-        Owner::Session(id) => db.session_owner(&id, alive),
+        Owner::Session(id, above) => db.session_owner(&id, alive, above),
         Owner::Executor(id) => db.executor_owner(&id, alive),
     })
     .await;

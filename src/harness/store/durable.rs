@@ -339,6 +339,46 @@ impl DurableState {
         }
     }
 
+    /// A fencing token for `session_id` strictly above `floor` (a token
+    /// another harness over the same database issued, from a block of its
+    /// own: a takeover's new grant must be above it). From the current
+    /// block when that is already above `floor`; else from a fresh block
+    /// reserved now, which lies above every block ever reserved (so above
+    /// `floor`). The older blocks left over are dropped, so tokens stay
+    /// increasing across all sessions. Blocking (one write when a block
+    /// is reserved): call it on the blocking pool.
+    ///
+    /// # Errors
+    ///
+    /// The reservation cannot be written.
+    pub fn token_above(&self, session_id: &str, floor: u64) -> Result<u64, StoreError> {
+        {
+            let mut f = lock(&self.inner.fence);
+            if f.next > floor && f.next <= f.end {
+                let token = f.next;
+                f.next += 1;
+                f.current.insert(session_id.to_owned(), token);
+                return Ok(token);
+            }
+        }
+        let (start, end) = self.inner.db.reserve_block(FENCING_BLOCK)?;
+        let mut f = lock(&self.inner.fence);
+        if start > f.next {
+            // Whatever is left of the current and the spare block is
+            // below the new one: skipped, never issued after it.
+            (f.next, f.end, f.spare) = (start, end, None);
+        }
+        if f.next <= floor || f.next > f.end {
+            return Err(StoreError::Corrupt(format!(
+                "a fresh fencing block ({start}..={end}) is not above token {floor}"
+            )));
+        }
+        let token = f.next;
+        f.next += 1;
+        f.current.insert(session_id.to_owned(), token);
+        Ok(token)
+    }
+
     fn enqueue(&self, f: impl FnOnce(&mut Batch)) -> u64 {
         let mut q = lock(&self.inner.queue);
         f(&mut q.pending);
@@ -491,6 +531,29 @@ mod tests {
 
     fn open(dir: &std::path::Path) -> DurableState {
         DurableState::open(Arc::new(super::super::SqliteStore::open_dir(dir).unwrap())).unwrap()
+    }
+
+    #[test]
+    fn a_token_above_another_stores_block() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two harnesses over one database: the second's block is above
+        // the first's.
+        let first = open(dir.path());
+        let second = open(dir.path());
+        let theirs = second.next_fencing_token("s").unwrap();
+        let mine = first.next_fencing_token("t").unwrap();
+        assert!(mine < theirs);
+        // Above a token of the other block: from a fresh block.
+        let above = first.token_above("s", theirs).unwrap();
+        assert!(above > theirs, "{above} after {theirs}");
+        assert_eq!(first.current("s"), Some(above));
+        // Tokens keep increasing after it, for every session.
+        let next = first.next_fencing_token("u").unwrap();
+        assert!(next > above);
+        // Below the current block: from it, no reservation.
+        assert_eq!(first.token_above("v", 1).unwrap(), next + 1);
+        first.shutdown();
+        second.shutdown();
     }
 
     #[tokio::test]

@@ -22,9 +22,10 @@
 //! * **Liveness.** Each replica upserts its row of `replicas` (`seen_at =
 //!   now()`, the database clock) every poll interval.
 
-use super::durable::{state_name, StoredSession};
+use super::durable::{state_name, StoredResult, StoredSession};
 use super::postgres::PgStore;
 use super::StoreError;
+use crate::harness::replica::TakeoverRow;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,9 +181,156 @@ impl PgReplicas {
         Ok(won)
     }
 
+    /// The rows of `session_ids` (sessions an executor resumes that this
+    /// replica does not hold), with what [`crate::harness::replica::
+    /// judge_takeover`] needs, and the database's `now()` in unix ms: the
+    /// one clock the takeover rule reads.
+    ///
+    /// # Errors
+    ///
+    /// The database fails or a row does not decode.
+    pub fn takeover_rows(
+        &self,
+        session_ids: &[String],
+    ) -> Result<(u64, Vec<(StoredSession, TakeoverRow)>), StoreError> {
+        let (now, rows) = self.store.with(|c| {
+            let now: i64 = c
+                .query_one("SELECT (extract(epoch FROM now()) * 1000)::BIGINT", &[])?
+                .get(0);
+            let rows = c.query(
+                "SELECT s.info, s.lease_expires_at_ms, s.executor_id, s.state, \
+                 (extract(epoch FROM COALESCE(r.seen_at, s.written_at)) * 1000)::BIGINT \
+                 FROM sessions s LEFT JOIN replicas r ON r.id = s.replica \
+                 WHERE s.session_id = ANY($1)",
+                &[&session_ids],
+            )?;
+            Ok((now, rows))
+        })?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let info: crate::harness::types::SessionInfo =
+                serde_json::from_str(r.try_get::<_, &str>(0)?)?;
+            let expires = r
+                .try_get::<_, Option<i64>>(1)?
+                .map(super::postgres::ms)
+                .transpose()?;
+            let row = TakeoverRow {
+                executor_id: r.try_get(2)?,
+                ended: r.try_get::<_, &str>(3)? == "ended",
+                lease_expires_at_ms: expires,
+                owner_seen_ms: super::postgres::ms(r.try_get(4)?)?,
+            };
+            out.push((
+                StoredSession {
+                    info,
+                    lease_expires_at_ms: expires,
+                },
+                row,
+            ));
+        }
+        Ok((super::postgres::ms(now)?, out))
+    }
+
+    /// Take over the grant `previous` of a session another replica made:
+    /// `session` (a new grant of this replica, with a larger fencing
+    /// token) becomes the row if the row is still that grant and not
+    /// over; the tool results delivered under the old grant move to the
+    /// new one (they stay duplicates for the exactly-once rule) and are
+    /// returned, oldest first. `None`: the row changed meanwhile (another
+    /// replica took it, or it ended); nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn take_over(
+        &self,
+        session: &StoredSession,
+        previous: u64,
+    ) -> Result<Option<Vec<StoredResult>>, StoreError> {
+        let i = &session.info;
+        let token = big(i.fencing_token)?;
+        let previous = big(previous)?;
+        let info = serde_json::to_string(i)?;
+        let state = state_name(i.state);
+        let rows = self.store.with(|c| {
+            let mut tx = c.transaction()?;
+            // One conditional statement decides: the row lock orders two
+            // replicas taking the same grant over, and the second finds
+            // the token changed.
+            let won = tx.query_opt(
+                "UPDATE sessions SET fencing_token = $3, state = $4, connection_id = $5, \
+                 lease_expires_at_ms = NULL, ended_reason = NULL, info = $6, replica = $7, \
+                 written_at = now() \
+                 WHERE session_id = $1 AND fencing_token = $2 AND $3 > $2 AND state <> 'ended' \
+                 RETURNING fencing_token",
+                &[
+                    &i.session_id,
+                    &previous,
+                    &token,
+                    &state,
+                    &i.connection_id,
+                    &info,
+                    &self.id,
+                ],
+            )?;
+            if won.is_none() {
+                return Ok(None);
+            }
+            tx.execute(
+                "UPDATE tool_results SET fencing_token = $3 \
+                 WHERE session_id = $1 AND fencing_token = $2",
+                &[&i.session_id, &previous, &token],
+            )?;
+            let rows = tx.query(
+                "SELECT tool_call_id, result FROM tool_results \
+                 WHERE session_id = $1 AND fencing_token = $2 ORDER BY seq",
+                &[&i.session_id, &token],
+            )?;
+            tx.commit()?;
+            Ok(Some(rows))
+        })?;
+        let Some(rows) = rows else {
+            return Ok(None);
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(StoredResult {
+                    session_id: i.session_id.clone(),
+                    fencing_token: i.fencing_token,
+                    tool_call_id: r.try_get(0)?,
+                    result: serde_json::from_str(r.try_get::<_, &str>(1)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()
+            .map(Some)
+    }
+
+    /// End the grant `previous` of a session whose lease ran out while no
+    /// replica held it (`session`: its record, ended), if the row is still
+    /// that grant. `false`: it changed meanwhile; nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn end_expired(&self, session: &StoredSession, previous: u64) -> Result<bool, StoreError> {
+        let i = &session.info;
+        let previous = big(previous)?;
+        let info = serde_json::to_string(i)?;
+        let n = self.store.with(|c| {
+            c.execute(
+                "UPDATE sessions SET state = 'ended', ended_reason = $3, \
+                 lease_expires_at_ms = NULL, info = $4, written_at = now() \
+                 WHERE session_id = $1 AND fencing_token = $2 AND state <> 'ended'",
+                &[&i.session_id, &previous, &i.ended_reason, &info],
+            )
+        })?;
+        Ok(n > 0)
+    }
+
     /// The replica other than this one that made the current grant of
     /// `session_id`, with its URL, if it was seen within `alive_ms` (by
-    /// the database's clock). `None`: this replica's, unknown, or dead.
+    /// the database's clock) and the grant's fencing token is above
+    /// `above` (0: any). `None`: this replica's, unknown, or dead.
     ///
     /// # Errors
     ///
@@ -191,14 +339,40 @@ impl PgReplicas {
         &self,
         session_id: &str,
         alive_ms: u64,
+        above: u64,
     ) -> Result<Option<(String, String)>, StoreError> {
-        self.owner(
-            "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
-             WHERE s.session_id = $1 AND r.id <> $2 \
-             AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond'",
-            session_id,
-            alive_ms,
-        )
+        let alive = big(alive_ms)?;
+        let above = big(above)?;
+        let row = self.store.with(|c| {
+            c.query_opt(
+                "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
+                 WHERE s.session_id = $1 AND r.id <> $2 \
+                 AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond' \
+                 AND s.fencing_token > $4",
+                &[&session_id, &self.id, &alive, &above],
+            )
+        })?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// The sessions whose current grant another replica made that was
+    /// seen within `alive_ms`: a replica starting up does not load them
+    /// (they are that replica's to run, end and forget; calls about them
+    /// are forwarded there).
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn held_elsewhere(&self, alive_ms: u64) -> Result<Vec<String>, StoreError> {
+        let alive = big(alive_ms)?;
+        let rows = self.store.with(|c| {
+            c.query(
+                "SELECT s.session_id FROM sessions s JOIN replicas r ON r.id = s.replica \
+                 WHERE r.id <> $1 AND r.seen_at > now() - $2::BIGINT * interval '1 millisecond'",
+                &[&self.id, &alive],
+            )
+        })?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The replica other than this one holding the newest connection of

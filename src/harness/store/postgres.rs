@@ -357,7 +357,7 @@ fn hash_of(v: Vec<u8>) -> Result<[u8; 32], StoreError> {
         .map_err(|_| StoreError::Corrupt("hash is not 32 bytes".into()))
 }
 
-fn ms(v: i64) -> Result<u64, StoreError> {
+pub(super) fn ms(v: i64) -> Result<u64, StoreError> {
     u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("negative time {v}")))
 }
 
