@@ -211,6 +211,16 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         .workspace
         .as_deref()
         .and_then(|w| bmx::runner::claims::claim_workspace(w, &harness));
+    // Before the executor starts: a SIGTERM from now on is a clean
+    // shutdown, not the default death (which would skip executor.close
+    // and the end of every session).
+    let signals = match bmx::executor::ShutdownSignals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bmx executor: cannot install signal handlers: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let handle = match Executor::start(config).await {
         Ok(h) => h,
         Err(e) => {
@@ -236,7 +246,7 @@ pub async fn run(args: ExecutorArgs) -> ExitCode {
         },
         None => None,
     };
-    let exit = handle.run_until_signal().await;
+    let exit = handle.run_until(signals).await;
     if let Some(m) = metrics {
         m.abort();
     }

@@ -240,15 +240,20 @@ impl ExecutorHandle {
     }
 
     /// Run until SIGINT or SIGTERM (then shut down) or until the executor
-    /// ends by itself.
-    pub async fn run_until_signal(mut self) -> ExecutorExit {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
-            return self.wait().await;
-        };
+    /// ends by itself. The handlers are installed here; a daemon should
+    /// install them before [`Executor::start`] with [`ShutdownSignals`] and
+    /// call [`ExecutorHandle::run_until`], or a signal that arrives while
+    /// the executor starts kills it without a clean close.
+    pub async fn run_until_signal(self) -> ExecutorExit {
+        match ShutdownSignals::install() {
+            Ok(signals) => self.run_until(signals).await,
+            Err(_) => self.wait().await,
+        }
+    }
+
+    /// Run until one of `signals` arrives (then shut down) or until the
+    /// executor ends by itself.
+    pub async fn run_until(mut self, mut signals: ShutdownSignals) -> ExecutorExit {
         tokio::select! {
             exit = &mut self.exit => {
                 return match exit {
@@ -256,9 +261,30 @@ impl ExecutorHandle {
                     Err(_) => ExecutorExit::Failed("the root supervisor vanished".into()),
                 };
             }
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = signals.term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = signals.int.recv() => tracing::info!("SIGINT: shutting down"),
         }
         self.shutdown().await
+    }
+}
+
+/// SIGTERM and SIGINT listeners. Installing them replaces the default
+/// action (die at once), so a daemon installs them first thing: a signal
+/// that arrives from then on is kept until [`ExecutorHandle::run_until`]
+/// sees it, and ends in a clean shutdown (executor.close, 1000, every
+/// session ended) even while the executor is still starting.
+pub struct ShutdownSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Install both listeners (inside a tokio runtime).
+    pub fn install() -> std::io::Result<ShutdownSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(ShutdownSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
 }

@@ -424,3 +424,28 @@ async fn unix_socket_transport_end_to_end() {
     assert_eq!(r.data.as_slice(), b"over unix\n");
     rig.shutdown().await;
 }
+
+/// A SIGTERM while the executor is still starting (connected, its
+/// register not answered) is a clean shutdown too: the handlers are
+/// installed before anything starts, so the daemon never dies of the
+/// signal's default action (which skips the end of every session). The
+/// unanswered register is waited out first (its 10 s request timeout;
+/// docs/protocol.md), hence the longer wait.
+#[tokio::test]
+async fn sigterm_during_start_is_a_clean_exit() {
+    let mut s = stand_in(Options::default()).await;
+    let work = tempfile::tempdir().unwrap();
+    let mut child = executor_command(&s.url, work.path()).spawn().unwrap();
+    let _conn = s.next_conn().await;
+    let pid = child.id().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(40), child.wait())
+        .await
+        .expect("the executor exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
