@@ -384,6 +384,15 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let mut config = ExecutorConfig::new(endpoint, TokenSource::Static(token));
     config.work_root = work_root.clone();
     config.agents = agents;
+    // Installed before the executor starts, like `bmx executor`'s: a signal
+    // from now on is a clean shutdown, never the default death.
+    let signals = match bmx::executor::ShutdownSignals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bmx up: cannot install signal handlers: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let executor = match Executor::start(config).await {
         Ok(e) => e,
         Err(e) => {
@@ -411,10 +420,10 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let _ = std::io::stdout().flush();
     // Run until a signal, or until the executor ends by itself.
     let exit = {
-        let wait = executor.run_until_signal();
+        let wait = executor.run_until(signals);
         tokio::pin!(wait);
-        // Poll it once (it installs its signal handlers) before the state
-        // dir says `running`: `bmx env stop` may send SIGTERM right after.
+        // Poll it once (an executor that already ended answers at once)
+        // before the state dir says `running`.
         let early = tokio::select! {
             biased;
             e = &mut wait => Some(e),
