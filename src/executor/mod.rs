@@ -235,6 +235,7 @@ impl ExecutorHandle {
     /// Stop in order: close the connection (executor.close, then 1000), end
     /// every session (no orphans), then return.
     pub async fn shutdown(self) -> ExecutorExit {
+        self.shared.stopping.cancel();
         self.root.stop(None);
         self.wait().await
     }

@@ -69,6 +69,11 @@ pub struct Shared {
     pub metrics: super::metrics::Metrics,
     /// What the executor owes the harness, on disk (`None`: memory only).
     pub journal: Option<Arc<super::journal::Journal>>,
+    /// Cancelled when the executor is asked to stop: a connection still
+    /// dialling or registering (an actor's `pre_start`, which a stop
+    /// signal cannot interrupt) gives up at once instead of waiting out
+    /// its request timeout.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 impl Shared {
@@ -101,6 +106,7 @@ impl Shared {
             draining: AtomicBool::new(false),
             metrics: super::metrics::Metrics::new().with_journal(journal.as_deref()),
             journal,
+            stopping: tokio_util::sync::CancellationToken::new(),
         })
     }
 

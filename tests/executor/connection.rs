@@ -429,8 +429,8 @@ async fn unix_socket_transport_end_to_end() {
 /// register not answered) is a clean shutdown too: the handlers are
 /// installed before anything starts, so the daemon never dies of the
 /// signal's default action (which skips the end of every session). The
-/// unanswered register is waited out first (its 10 s request timeout;
-/// docs/protocol.md), hence the longer wait.
+/// unanswered register is cut short (`Shared::stopping`); before that it
+/// was waited out (its 10 s request timeout), so a generous bound here.
 #[tokio::test]
 async fn sigterm_during_start_is_a_clean_exit() {
     let mut s = stand_in(Options::default()).await;

@@ -65,15 +65,18 @@ impl Connection {
             .read()
             .map_err(|e| format!("cannot read the token: {e}"))?;
         let limits = LinkLimits::default();
-        let transport = transport::dial(
+        let dial = transport::dial(
             &config.endpoint,
             &token,
             &config.subprotocols,
             limits.max_mcp_frame_bytes,
             config.connect_timeout,
-        )
-        .await
-        .map_err(|e| match e {
+        );
+        let dialled = tokio::select! {
+            d = dial => d,
+            () = shared.stopping.cancelled() => return Err(FinalStop::Requested.reason()),
+        };
+        let transport = dialled.map_err(|e| match e {
             DialError::Unauthorized => FinalStop::Unauthorized.reason(),
             DialError::BadUrl(u) => {
                 tracing::error!(url = %u, "the harness URL cannot be dialled");
@@ -120,6 +123,17 @@ impl Connection {
         );
         let result = tokio::select! {
             r = register => r,
+            () = shared.stopping.cancelled() => {
+                // Asked to stop before the harness answered: say so and
+                // close 1000, as a registered connection's stop does.
+                let _ = link.notify(
+                    Method::ExecutorClose,
+                    &CloseParams { reason: "shutdown".into() },
+                );
+                link.close(CloseCode::Normal, "shutdown");
+                let _ = tokio::time::timeout(Duration::from_secs(3), &mut closed_rx).await;
+                return Err(FinalStop::Requested.reason());
+            }
             closed = &mut closed_rx => {
                 let closed = closed.unwrap_or(Closed { code: None, reason: "reader ended".into(), by_peer: false });
                 if let Some(f) = FinalStop::from_close(closed.code) {
@@ -181,7 +195,11 @@ impl Actor for Connection {
             .instrument(span)
             .await
             .map_err(|e| {
-                tracing::warn!(error = %e, "connect failed");
+                if e == FinalStop::Requested.reason() {
+                    tracing::info!("stopped while connecting");
+                } else {
+                    tracing::warn!(error = %e, "connect failed");
+                }
                 ActorProcessingErr::from(e)
             })?;
         tracing::info!(
