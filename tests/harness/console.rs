@@ -427,29 +427,18 @@ async fn the_console_in_a_real_browser() {
     let open = harness_common::harness().await;
     let root = env!("CARGO_MANIFEST_DIR");
     let shots = format!("{root}/target/console-shots");
-    let mut cmd = tokio::process::Command::new("node");
-    cmd.arg(format!("{root}/tests/peers/console.mjs"))
-        .current_dir(format!("{root}/tests/peers"))
-        .env("BMX_CONSOLE_URL", rig.h.api_url())
-        .env("BMX_API_TOKEN", TOKEN)
-        .env("BMX_EXECUTOR_ID", EXECUTOR)
-        .env("BMX_OPEN_URL", open.api_url())
-        .env("BMX_SHOTS", &shots)
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(600), cmd.output())
-        .await
-        .expect("the browser run ends")
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "console.mjs failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(stdout.contains("step: done"), "{stdout}");
+    run_browser_script(
+        "console.mjs",
+        &[
+            ("BMX_CONSOLE_URL", rig.h.api_url()),
+            ("BMX_API_TOKEN", TOKEN.to_owned()),
+            ("BMX_EXECUTOR_ID", EXECUTOR.to_owned()),
+            ("BMX_OPEN_URL", open.api_url()),
+            ("BMX_SHOTS", shots.clone()),
+        ],
+        Duration::from_secs(600),
+    )
+    .await;
     for shot in [
         "login",
         "executors",
@@ -466,4 +455,29 @@ async fn the_console_in_a_real_browser() {
     }
     open.shutdown().await;
     rig.stop().await;
+}
+
+/// Run a playwright script of tests/peers with node (chromium behind it),
+/// with `envs`, within `within`; it must exit 0 and print `step: done`.
+pub(crate) async fn run_browser_script(script: &str, envs: &[(&str, String)], within: Duration) {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(format!("{root}/tests/peers/{script}"))
+        .current_dir(format!("{root}/tests/peers"))
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(within, cmd.output())
+        .await
+        .expect("the browser run ends")
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("step: done"), "{stdout}");
 }

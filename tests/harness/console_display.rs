@@ -158,28 +158,17 @@ async fn the_display_in_the_console_view_only_then_taken_over() {
 
     let root = env!("CARGO_MANIFEST_DIR");
     let shots = format!("{root}/target/console-shots");
-    let mut cmd = tokio::process::Command::new("node");
-    cmd.arg(format!("{root}/tests/peers/console-display.mjs"))
-        .current_dir(format!("{root}/tests/peers"))
-        .env("BMX_CONSOLE_URL", h.api_url())
-        .env("BMX_API_TOKEN", TOKEN)
-        .env("BMX_SESSION_ID", &sid)
-        .env("BMX_SHOTS", &shots)
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
-        .await
-        .expect("the browser run ends")
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success(),
-        "console-display.mjs failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    assert!(stdout.contains("step: done"), "{stdout}");
+    crate::console::run_browser_script(
+        "console-display.mjs",
+        &[
+            ("BMX_CONSOLE_URL", h.api_url()),
+            ("BMX_API_TOKEN", TOKEN.to_owned()),
+            ("BMX_SESSION_ID", sid.clone()),
+            ("BMX_SHOTS", shots.clone()),
+        ],
+        Duration::from_secs(300),
+    )
+    .await;
 
     for shot in ["display-view-only", "display-taken-over"] {
         let p = format!("{shots}/{shot}.png");
