@@ -370,7 +370,7 @@ impl LeaseTable {
             .store
             .next_fencing_token(session_id)
             .ok_or(LeaseError::StoreUnavailable)?;
-        let lease_token = format!("lease-{session_id}-{fencing_token}");
+        let lease_token = lease_token_of(session_id, fencing_token);
         self.leases.insert(
             session_id.to_owned(),
             Lease {
@@ -414,7 +414,7 @@ impl LeaseTable {
                 });
             }
         }
-        let lease_token = format!("lease-{session_id}-{fencing_token}");
+        let lease_token = lease_token_of(session_id, fencing_token);
         // ConnId(0) is never minted: the holder is not connected yet.
         let holder = ConnId(0);
         self.leases.insert(
@@ -561,6 +561,12 @@ impl LeaseTable {
         }
         true
     }
+}
+
+/// The lease token of a grant: named after the session and its fencing
+/// token, so a grant and a takeover mint it the same way.
+fn lease_token_of(session_id: &str, fencing_token: u64) -> String {
+    format!("lease-{session_id}-{fencing_token}")
 }
 
 #[cfg(test)]

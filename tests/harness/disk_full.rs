@@ -11,8 +11,6 @@
 use crate::support;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 const FS_BYTES: u64 = 3 << 20;
 const BIG: usize = 4 << 20;
@@ -93,35 +91,23 @@ async fn world(
     bmx::client::ApiClient,
     tokio::process::Child,
 ) {
-    let store = bmx::harness::blob::FsBlobStore::open(blobs, 64 << 20).unwrap();
     if !preload.is_empty() {
         use bmx::harness::blob::BlobStore;
+        let store = bmx::harness::blob::FsBlobStore::open(blobs, 64 << 20).unwrap();
         store.put(preload).await.unwrap();
     }
-    let h = bmx::harness::Harness::builder()
-        .listen("127.0.0.1:0".parse().unwrap())
-        .token("exec-df", support::TOKEN)
-        .blob_store(Arc::new(store))
-        .heartbeat_ms(500)
-        .lease_ttl_ms(10_000)
-        .build()
-        .await
-        .expect("harness");
     // The reserve is another rule (tests/security/tools.rs); here the file
     // system itself must run out.
-    let executor = support::executor_command(&h.executor_url(), work)
-        .args(["--disk-reserve", "0"])
-        .spawn()
-        .expect("bmx executor");
-    assert!(
-        h.wait_for_executor(Some("exec-df"), Duration::from_secs(20))
-            .await,
-        "the executor registers"
-    );
-    let api = bmx::client::ApiClient::new(&h.api_url())
-        .unwrap()
-        .timeout(Duration::from_secs(60));
-    (h, api, executor)
+    support::blob_world_in(
+        "exec-df",
+        "127.0.0.1:0".parse().unwrap(),
+        blobs,
+        64 << 20,
+        None,
+        work,
+        &["--disk-reserve", "0"],
+    )
+    .await
 }
 
 async fn session(api: &bmx::client::ApiClient) -> String {

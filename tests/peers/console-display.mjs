@@ -11,6 +11,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { CHROMIUM_ARGS } from './chromium-args.mjs';
 
 const url = process.env.BMX_CONSOLE_URL;
 const token = process.env.BMX_API_TOKEN;
@@ -88,16 +89,7 @@ try {
   context = await chromium.launchPersistentContext(userData, {
     executablePath: '/usr/bin/chromium',
     headless: true,
-    args: [
-      '--headless',
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-background-networking',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
+    args: CHROMIUM_ARGS,
     viewport: { width: 1200, height: 800 },
   });
   const page = context.pages()[0] || (await context.newPage());

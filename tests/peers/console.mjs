@@ -10,6 +10,7 @@ import { chromium } from 'playwright-core';
 import { mkdtempSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { CHROMIUM_ARGS } from './chromium-args.mjs';
 
 const url = process.env.BMX_CONSOLE_URL;
 const token = process.env.BMX_API_TOKEN;
@@ -75,16 +76,7 @@ function freshDir() {
   return d;
 }
 
-const args = [
-  '--headless',
-  '--no-sandbox',
-  '--disable-gpu',
-  '--disable-quic',
-  '--no-first-run',
-  '--disable-background-networking',
-  '--disable-component-update',
-  '--disable-sync',
-];
+const args = CHROMIUM_ARGS;
 
 async function launch() {
   // A persistent context per "browser" gives each its own fresh

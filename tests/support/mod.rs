@@ -523,7 +523,41 @@ pub async fn blob_world(
     public_url: Option<String>,
 ) -> BlobWorld {
     let blobs = tempfile::tempdir().unwrap();
-    let store = bmx::harness::blob::FsBlobStore::open(blobs.path(), max_blob).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (h, api, executor) = blob_world_in(
+        executor_id,
+        listen,
+        blobs.path(),
+        max_blob,
+        public_url,
+        work.path(),
+        &[],
+    )
+    .await;
+    BlobWorld {
+        h,
+        api,
+        guard: (executor, work, blobs),
+    }
+}
+
+/// The parts of a [`BlobWorld`] over directories the caller owns (say, a
+/// small tmpfs): the harness with its blob store at `blobs`, an API client,
+/// and the executor (work root `work`, `extra` arguments) once registered.
+pub async fn blob_world_in(
+    executor_id: &str,
+    listen: std::net::SocketAddr,
+    blobs: &std::path::Path,
+    max_blob: u64,
+    public_url: Option<String>,
+    work: &std::path::Path,
+    extra: &[&str],
+) -> (
+    bmx::harness::HarnessHandle,
+    bmx::client::ApiClient,
+    tokio::process::Child,
+) {
+    let store = bmx::harness::blob::FsBlobStore::open(blobs, max_blob).unwrap();
     let h = bmx::harness::Harness::builder()
         .listen(listen)
         .token(executor_id, TOKEN)
@@ -534,8 +568,8 @@ pub async fn blob_world(
         .build()
         .await
         .expect("harness");
-    let work = tempfile::tempdir().unwrap();
-    let executor = executor_command(&h.executor_url(), work.path())
+    let executor = executor_command(&h.executor_url(), work)
+        .args(extra)
         .spawn()
         .expect("bmx executor");
     assert!(
@@ -546,11 +580,7 @@ pub async fn blob_world(
     let api = bmx::client::ApiClient::new(&h.api_url())
         .unwrap()
         .timeout(Duration::from_secs(60));
-    BlobWorld {
-        h,
-        api,
-        guard: (executor, work, blobs),
-    }
+    (h, api, executor)
 }
 
 /// Run `command` with the `bash` tool through the harness API; it must
