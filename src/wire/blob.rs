@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde::de::{Error as _, Visitor};
 use serde::ser::SerializeStruct as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::cell::RefCell;
 use std::fmt;
 
 /// An owned byte payload on the wire (`data` fields).
@@ -101,6 +102,50 @@ impl Serialize for BlobRef<'_> {
     }
 }
 
+thread_local! {
+    /// The frame being decoded on this thread, while [`decode_within`]
+    /// runs: a `bin` field borrowed from it becomes a view of the frame
+    /// instead of a copy.
+    static SOURCE: RefCell<Option<Bytes>> = const { RefCell::new(None) };
+}
+
+/// Run `decode` (a decode of `frame`'s own bytes) with `frame` as the
+/// source of the [`Blob`]s it produces: each MessagePack `bin` that lies
+/// inside `frame` is taken with [`Bytes::slice_ref`], sharing the frame's
+/// allocation.
+///
+/// Why: a `process.read` answer is one `bin` of up to a megabyte; copying
+/// it out of the frame was one more pass over every output byte on the
+/// receiving side. The blob keeps the frame's buffer alive while it
+/// lives, which is the frame plus a small envelope.
+pub fn decode_within<T>(frame: &Bytes, decode: impl FnOnce() -> T) -> T {
+    let previous = SOURCE.with(|s| s.replace(Some(frame.clone())));
+    // Restored on unwind as well: a panic in a decoder must not leave a
+    // stale source for the next decode on this thread.
+    struct Restore(Option<Bytes>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            SOURCE.with(|s| *s.borrow_mut() = previous);
+        }
+    }
+    let _restore = Restore(previous);
+    decode()
+}
+
+/// `v` as a view of the current [`decode_within`] source when it lies
+/// inside it, else `None`.
+fn borrowed_view(v: &[u8]) -> Option<Bytes> {
+    SOURCE.with(|s| {
+        let s = s.borrow();
+        let src = s.as_ref()?;
+        let (start, end) = (src.as_ptr() as usize, src.as_ptr() as usize + src.len());
+        let (vs, ve) = (v.as_ptr() as usize, v.as_ptr() as usize + v.len());
+        // `slice_ref` panics on a slice outside its buffer: check first.
+        (!v.is_empty() && vs >= start && ve <= end).then(|| src.slice_ref(v))
+    })
+}
+
 struct BlobVisitor;
 
 impl<'de> Visitor<'de> for BlobVisitor {
@@ -118,6 +163,12 @@ impl<'de> Visitor<'de> for BlobVisitor {
 
     fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Blob, E> {
         Ok(Blob(Bytes::copy_from_slice(v)))
+    }
+
+    fn visit_borrowed_bytes<E: serde::de::Error>(self, v: &'de [u8]) -> Result<Blob, E> {
+        Ok(Blob(
+            borrowed_view(v).unwrap_or_else(|| Bytes::copy_from_slice(v)),
+        ))
     }
 
     fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Blob, E> {
@@ -166,6 +217,32 @@ mod tests {
         assert_eq!(back, b);
         assert!(serde_json::from_str::<Blob>("\"%%%\"").is_err());
         assert!(serde_json::from_str::<Blob>("[1,2]").is_err());
+    }
+
+    #[test]
+    fn a_bin_inside_the_decoded_frame_is_a_view_of_it() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+        let frame = Bytes::from(rmp_serde::to_vec(&(7u8, Blob::from(data.clone()))).unwrap());
+        let (n, blob): (u8, Blob) =
+            decode_within(&frame, || rmp_serde::from_slice(&frame).unwrap());
+        assert_eq!((n, blob.as_slice()), (7, &data[..]));
+        let (fs, fe) = (
+            frame.as_ptr() as usize,
+            frame.as_ptr() as usize + frame.len(),
+        );
+        let bs = blob.as_slice().as_ptr() as usize;
+        assert!(bs >= fs && bs + blob.len() <= fe, "not a view of the frame");
+        // Outside `decode_within`, and for bytes from elsewhere, a copy.
+        let other = rmp_serde::to_vec(&Blob::from(vec![1u8, 2, 3])).unwrap();
+        let copied: Blob = decode_within(&frame, || rmp_serde::from_slice(&other).unwrap());
+        assert_eq!(copied.as_slice(), &[1, 2, 3]);
+        let plain: (u8, Blob) = rmp_serde::from_slice(&frame).unwrap();
+        let ps = plain.1.as_slice().as_ptr() as usize;
+        assert!(ps < fs || ps >= fe, "a view without a source");
+        // The source does not outlive the call, even when it unwinds.
+        let r = std::panic::catch_unwind(|| decode_within(&frame, || panic!("boom")));
+        assert!(r.is_err());
+        assert!(SOURCE.with(|s| s.borrow().is_none()));
     }
 
     #[test]

@@ -251,7 +251,8 @@ impl Inbound {
             ids.check()
                 .map_err(|e| RpcError::invalid_params(e.to_string()).with_reason("invalid_id"))?;
         }
-        let decoded: Result<WithParams<P>, _> = self.codec.decode(&self.bytes);
+        let decoded: Result<WithParams<P>, _> =
+            super::blob::decode_within(&self.bytes, || self.codec.decode(&self.bytes));
         match decoded {
             Ok(WithParams { params: Some(p) }) => Ok(p),
             Ok(WithParams { params: None }) => self
@@ -264,9 +265,10 @@ impl Inbound {
 
     /// Decode `result` of a response.
     pub fn result<R: DeserializeOwned>(&self) -> Result<R, CodecError> {
-        self.codec
-            .decode::<WithResult<R>>(&self.bytes)
-            .map(|w| w.result)
+        super::blob::decode_within(&self.bytes, || {
+            self.codec.decode::<WithResult<R>>(&self.bytes)
+        })
+        .map(|w| w.result)
     }
 
     pub fn len(&self) -> usize {
