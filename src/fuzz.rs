@@ -235,17 +235,25 @@ pub fn scrollback(data: &[u8]) {
 
 /// The first seq a budget of `max` bytes keeps: the longest run of newest
 /// chunks that fits, or the newest alone (cut) when it does not fit.
+///
+/// Each chunk counts at the size it is kept at, and an oversize chunk
+/// replaced everything pushed before it (`Scrollback::push`). The first
+/// long campaigns found the model wrong on both counts:
+/// `[0, 0, 0, 0, 2, 10, 50, 10]` (a 2-byte chunk on a 1-byte budget, kept
+/// cut, then an empty chunk: the cut chunk stays) and
+/// `[0, 0, 0, 0, 0, 0, 113, 135, 122, 42, 133]` (an empty chunk, then an
+/// oversize one: the empty one is gone).
 fn model_earliest(pushed: &[Bytes], max: usize) -> u64 {
+    let floor = pushed.iter().rposition(|c| c.len() > max).unwrap_or(0);
     let mut total = 0;
     let mut first = pushed.len();
-    for (i, chunk) in pushed.iter().enumerate().rev() {
-        if total + chunk.len() > max {
-            if i + 1 == pushed.len() {
-                first = i;
-            }
+    for (i, chunk) in pushed.iter().enumerate().skip(floor).rev() {
+        // The newest always fits: it is kept at most `max` bytes.
+        let kept = chunk.len().min(max);
+        if total + kept > max {
             break;
         }
-        total += chunk.len();
+        total += kept;
         first = i;
     }
     first as u64 + 1

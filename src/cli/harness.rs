@@ -618,7 +618,7 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
     };
     let answers = (
         client.get("/v1/executors").await,
-        client.get("/v1/sessions").await,
+        all_sessions(&client).await,
     );
     let (execs, sessions) = match answers {
         (Err(e), _) | (_, Err(e)) => {
@@ -665,6 +665,39 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Most pages `bmx ps` follows: 1 000 pages of 1 000 sessions.
+const PS_MAX_PAGES: usize = 1000;
+
+/// `GET /v1/sessions` page by page (`next`), as one answer: the status of
+/// the first page that is not 200, else 200 with every session. The
+/// listing is paged (1 000 per page) so one call never carries an
+/// unbounded list; `bmx ps` still shows them all.
+async fn all_sessions(client: &ApiClient) -> Result<(u16, Value), bmx::client::ClientError> {
+    let mut sessions = Vec::new();
+    let mut path = "/v1/sessions".to_owned();
+    for _ in 0..PS_MAX_PAGES {
+        let (status, page) = client.get(&path).await?;
+        if status != 200 {
+            return Ok((status, page));
+        }
+        sessions.extend(page["sessions"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_str() {
+            // Session ids are `[A-Za-z0-9._:-]` (wire::id): nothing to
+            // escape in a query; anything else from a harness is refused.
+            Some(next)
+                if next
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(&b)) =>
+            {
+                path = format!("/v1/sessions?after={next}")
+            }
+            Some(_) => return Ok((502, json!({"error": {"message": "bad next page id"}}))),
+            None => break,
+        }
+    }
+    Ok((200, json!({ "sessions": sessions })))
+}
+
 /// `bmx ps --json`: one envelope line; a harness that cannot be reached
 /// or answers an error is `TARGET_EXEC_FAILED`, a bad URL
 /// `AGENT_PROTOCOL_ERROR`.
@@ -679,8 +712,7 @@ async fn run_ps_json(args: PsArgs) -> ExitCode {
             .get("/v1/executors")
             .await
             .map_err(|e| failed(format!("{}: {e}", args.harness)))?;
-        let sessions = client
-            .get("/v1/sessions")
+        let sessions = all_sessions(&client)
             .await
             .map_err(|e| failed(format!("{}: {e}", args.harness)))?;
         match (execs, sessions) {

@@ -206,6 +206,11 @@ fn terminal_frame() {
 
 #[test]
 fn scrollback() {
+    // Found by the first long campaigns (the model was wrong, see
+    // `fuzz::model_earliest`): a cut chunk followed by an empty one, and
+    // an empty chunk followed by an oversize one.
+    bmx::fuzz::scrollback(&[0, 0, 0, 0, 2, 10, 50, 10]);
+    bmx::fuzz::scrollback(&[0, 0, 0, 0, 0, 0, 113, 135, 122, 42, 133]);
     runner(512)
         .run(&prop::collection::vec(any::<u8>(), 0..2048), |b| {
             bmx::fuzz::scrollback(&b);

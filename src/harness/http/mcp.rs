@@ -349,11 +349,6 @@ pub(crate) async fn post(
             if actor.send_message(msg).is_err() {
                 return unavailable(&id);
             }
-            let minted = match tokio::time::timeout(ACCEPT_WAIT, arx).await {
-                Ok(Ok(Ok(m))) => m,
-                Ok(Ok(Err(e))) => return endpoint_error(e, &id),
-                _ => return unavailable(&id),
-            };
             let deadline =
                 tokio::time::Instant::now() + shared.config.mcp_request_timeout + ANSWER_GRACE;
             let timeout_ms = shared.config.mcp_request_timeout.as_millis() as u64;
@@ -363,6 +358,34 @@ pub(crate) async fn post(
             // response, where SSE costs the head, the event and the last
             // chunk as separate writes and reads.
             let use_sse = accept.sse && (!accept.json || (wants_progress && !is_init));
+            if !is_init && !use_sse {
+                // The common call: a request of a known client session
+                // answered with JSON. It waits for the answer alone; the
+                // actor refuses one (unknown client) by dropping its port,
+                // with the reason left in `accepted`. Awaiting `accepted`
+                // first cost a task wake-up per call, often of another
+                // thread. A channel actor too busy to take the request is
+                // then a timeout of the request instead of a 503 after
+                // ACCEPT_WAIT.
+                let d = tokio::time::timeout_at(deadline, drx).await;
+                if matches!(d, Ok(Err(_))) {
+                    let mut arx = arx;
+                    if let Ok(Err(e)) = arx.try_recv() {
+                        return endpoint_error(e, &id);
+                    }
+                }
+                return (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    resolve(d, &id, timeout_ms),
+                )
+                    .into_response();
+            }
+            let minted = match tokio::time::timeout(ACCEPT_WAIT, arx).await {
+                Ok(Ok(Ok(m))) => m,
+                Ok(Ok(Err(e))) => return endpoint_error(e, &id),
+                _ => return unavailable(&id),
+            };
             if !use_sse {
                 let answer = wait_answer(drx, deadline, &id, timeout_ms).await;
                 let failed = minted.is_some()
