@@ -21,6 +21,8 @@
 //!   call in flight at the kill is answered once, and calls work there.
 //!   A session whose lease ran out (by the database's clock) before its
 //!   executor came back is not taken over: the executor is told to stop it.
+//! * Listings: each replica lists every replica's sessions (from the
+//!   database), one page at a time by id.
 //! * The sweep: a dead replica's session whose executor never comes back
 //!   is ended by a live replica (`lease_expired`, the same grant), not
 //!   before its lease ran out by the database's clock, and reads so on
@@ -880,4 +882,108 @@ async fn a_dead_replicas_session_whose_executor_never_returns_is_ended() {
         Some((token, "ended".into()))
     );
     assert!(b_proc.term().success());
+}
+
+/// The session ids of a `GET /v1/sessions` answer, in order.
+fn listed(v: &serde_json::Value) -> Vec<String> {
+    v["sessions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s["sessionId"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_lists_every_replicas_sessions() {
+    let Some(db) = super::pg_support::fresh("replicas_list") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
+    let work = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let execs = [
+        executor(ports[0], "tok-a", work[0].path()),
+        executor(ports[1], "tok-b", work[1].path()),
+    ];
+    let exec_ids = ["ex-a", "ex-b"];
+    for (c, id) in clients.iter().zip(exec_ids) {
+        until("the executor to register", || async {
+            lists(c, id).await.then_some(())
+        })
+        .await;
+    }
+    // Two sessions through A (on its executor), one through B.
+    for (i, session) in [(0, "list-a-1"), (0, "list-a-2"), (1, "list-b-1")] {
+        let (status, s) = clients[i]
+            .post(
+                "/v1/sessions",
+                &json!({"sessionId": session, "executorId": exec_ids[i]}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "{s}");
+    }
+    let want = ["list-a-1", "list-a-2", "list-b-1"];
+    // Each replica lists all three, active.
+    for c in &clients {
+        let (status, v) = c.get("/v1/sessions").await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(listed(&v), want, "{v}");
+        assert!(
+            v["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["state"] == "active"),
+            "{v}"
+        );
+        assert!(v.get("next").is_none(), "{v}");
+    }
+    // One page at a time through B: each session once, in order.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &after {
+            None => "/v1/sessions?limit=1".to_owned(),
+            Some(a) => format!("/v1/sessions?limit=1&after={a}"),
+        };
+        let (status, v) = clients[1].get(&path).await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        let page = listed(&v);
+        assert!(page.len() <= 1, "{v}");
+        seen.extend(page);
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, want);
+    for bad in ["0", "1001", "x"] {
+        let (status, v) = clients[1]
+            .get(&format!("/v1/sessions?limit={bad}"))
+            .await
+            .unwrap();
+        assert_eq!(status, 400, "limit={bad}: {v}");
+    }
+    // Ended on A (asked through B, forwarded): B lists it ended.
+    let (status, ended) = clients[1].delete("/v1/sessions/list-a-1").await.unwrap();
+    assert_eq!(status, 200, "{ended}");
+    until("B to list the session ended", || async {
+        let (_, v) = clients[1].get("/v1/sessions").await.ok()?;
+        v["sessions"]
+            .as_array()?
+            .iter()
+            .any(|s| s["sessionId"] == "list-a-1" && s["state"] == "ended")
+            .then_some(())
+    })
+    .await;
+    for e in execs {
+        assert_eq!(e.term().code(), Some(0));
+    }
+    for p in procs {
+        assert!(p.term().success());
+    }
 }

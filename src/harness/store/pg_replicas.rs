@@ -358,6 +358,34 @@ impl PgReplicas {
             .transpose()
     }
 
+    /// The first `limit` session records with ids above `after` (all when
+    /// `None`), in byte order of the id (`COLLATE "C"`, the order Rust
+    /// compares strings in, whatever the database's collation), whoever
+    /// granted them: a listing over every replica
+    /// ([`crate::harness::api::listing::merge_page`]).
+    ///
+    /// # Errors
+    ///
+    /// The database fails or a row does not decode.
+    pub fn sessions_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<crate::harness::types::SessionInfo>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.store.with(|c| {
+            c.query(
+                "SELECT info FROM sessions \
+                 WHERE $1::TEXT IS NULL OR session_id COLLATE \"C\" > $1 \
+                 ORDER BY session_id COLLATE \"C\" LIMIT $2",
+                &[&after, &limit],
+            )
+        })?;
+        rows.iter()
+            .map(|r| Ok(serde_json::from_str(r.try_get::<_, &str>(0)?)?))
+            .collect()
+    }
+
     /// The sessions whose current grant another replica made that was
     /// seen within `alive_ms`: a replica starting up does not load them
     /// (they are that replica's to run, end and forget; calls about them
