@@ -166,15 +166,49 @@ pub fn judge_takeover(
     if row.ended || row.executor_id != executor_id {
         return Takeover::NotYours;
     }
-    let deadline = row.lease_expires_at_ms.unwrap_or_else(|| {
-        row.owner_seen_ms
-            .saturating_add(poll_ms)
-            .saturating_add(ttl_ms)
-    });
-    if now_ms < deadline {
+    if now_ms < lease_deadline(row, ttl_ms, poll_ms) {
         Takeover::Take
     } else {
         Takeover::Expired
+    }
+}
+
+/// When `row`'s lease runs out at the latest (unix ms): the deadline its
+/// holding replica recorded, else one poll interval and one TTL after
+/// that replica was last seen (see [`judge_takeover`]).
+pub fn lease_deadline(row: &TakeoverRow, ttl_ms: u64, poll_ms: u64) -> u64 {
+    row.lease_expires_at_ms.unwrap_or_else(|| {
+        row.owner_seen_ms
+            .saturating_add(poll_ms)
+            .saturating_add(ttl_ms)
+    })
+}
+
+/// The sweep rule, without I/O: may a live replica end `row` (a session
+/// another replica granted) at `now_ms` (the database's clock), although
+/// no executor resumed it?
+///
+/// Only when its replica is dead (not seen for `ttl_ms`: a live one runs
+/// and ends its own sessions by its own lease table) and the lease ran
+/// out by the same deadline as [`judge_takeover`]'s. So the sweep never
+/// ends a session its executor could still resume and keep: whenever this
+/// says yes, a takeover at the same `now_ms` would say
+/// [`Takeover::Expired`] (or [`Takeover::NotYours`]).
+pub fn orphan_expired(row: &TakeoverRow, now_ms: u64, ttl_ms: u64, poll_ms: u64) -> bool {
+    let owner_dead = now_ms >= row.owner_seen_ms.saturating_add(ttl_ms);
+    !row.ended && owner_dead && now_ms >= lease_deadline(row, ttl_ms, poll_ms)
+}
+
+/// `stored` ended because its lease ran out while no replica held it
+/// (`lease_expired`, now), as a takeover or the sweep writes it.
+pub(crate) fn ended_expired(stored: StoredSession) -> StoredSession {
+    let mut info = stored.info;
+    info.state = SessionState::Ended;
+    info.ended_reason = Some(crate::wire::types::EndReason::LEASE_EXPIRED.into());
+    info.ended_at = Some(crate::wire::types::now_rfc3339());
+    StoredSession {
+        info,
+        lease_expires_at_ms: None,
     }
 }
 
@@ -259,9 +293,10 @@ pub(crate) fn watch(shared: &Arc<Shared>, url: String) -> Result<(), std::io::Er
         }
     };
     let poll = std::time::Duration::from_millis(shared.config.heartbeat_interval_ms.max(50));
+    let ttl = std::time::Duration::from_millis(shared.config.lease_ttl_ms);
     replica
         .db
-        .watch(poll, url, local, move |g| {
+        .watch(poll, ttl, url, local, move |g| {
             let _ = tx.send(g);
         })
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -375,14 +410,7 @@ fn take_over_blocking(
                 }
             }
             Takeover::Expired => {
-                let mut info = stored.info;
-                info.state = SessionState::Ended;
-                info.ended_reason = Some("lease_expired".into());
-                info.ended_at = Some(crate::wire::types::now_rfc3339());
-                let s = StoredSession {
-                    info,
-                    lease_expires_at_ms: None,
-                };
+                let s = ended_expired(stored);
                 match db.end_expired(&s, previous) {
                     Ok(ended) => {
                         tracing::info!(session = %id, ended, "a resumed session's lease ran out while no replica held it")
@@ -489,7 +517,60 @@ mod tests {
         assert_eq!(judge_takeover(&ended, "e", 0, 500, 100), Takeover::NotYours);
     }
 
+    #[test]
+    fn the_sweep_ends_only_a_dead_replicas_run_out_lease() {
+        // Owner last seen at 1000, ttl 500, poll 100: dead from 1500,
+        // lease out from 1600.
+        let r = row(None, 1_000);
+        assert!(!orphan_expired(&r, 1_499, 500, 100));
+        assert!(!orphan_expired(&r, 1_599, 500, 100));
+        assert!(orphan_expired(&r, 1_600, 500, 100));
+        // A recorded deadline long past, but the owner still alive: it
+        // is the owner's to end, not the sweep's.
+        let r = row(Some(1_200), 5_000);
+        assert!(!orphan_expired(&r, 5_499, 500, 100));
+        assert!(orphan_expired(&r, 5_500, 500, 100));
+        // A recorded deadline later than the owner's death counts.
+        let r = row(Some(9_000), 1_000);
+        assert!(!orphan_expired(&r, 8_999, 500, 100));
+        assert!(orphan_expired(&r, 9_000, 500, 100));
+        // An ended row is never ended again.
+        let ended = TakeoverRow {
+            ended: true,
+            ..row(None, 1_000)
+        };
+        assert!(!orphan_expired(&ended, 100_000, 500, 100));
+    }
+
     proptest::proptest! {
+        /// The sweep never ends a session its executor could still
+        /// resume and keep, and once it would end one it would at every
+        /// later `now`.
+        #[test]
+        fn the_sweep_agrees_with_the_takeover(
+            expires in proptest::option::of(0u64..10_000),
+            seen in 0u64..10_000,
+            ended: bool,
+            now in 0u64..20_000,
+            later in 0u64..20_000,
+            ttl in 0u64..5_000,
+            poll in 0u64..1_000,
+        ) {
+            let r = TakeoverRow {
+                executor_id: "e".into(),
+                ended,
+                lease_expires_at_ms: expires,
+                owner_seen_ms: seen,
+            };
+            if orphan_expired(&r, now, ttl, poll) {
+                proptest::prop_assert_eq!(judge_takeover(&r, "e", now, ttl, poll), Takeover::Expired);
+                proptest::prop_assert!(now >= seen + ttl);
+                proptest::prop_assert!(orphan_expired(&r, now + later, ttl, poll));
+            } else if !ended && now >= seen + ttl {
+                proptest::prop_assert_eq!(judge_takeover(&r, "e", now, ttl, poll), Takeover::Take);
+            }
+        }
+
         /// Once a lease counts as run out it stays so at every later
         /// `now`; only its own executor ever takes it; an ended row never.
         #[test]

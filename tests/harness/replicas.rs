@@ -21,6 +21,12 @@
 //!   call in flight at the kill is answered once, and calls work there.
 //!   A session whose lease ran out (by the database's clock) before its
 //!   executor came back is not taken over: the executor is told to stop it.
+//! * Listings: each replica lists every replica's sessions (from the
+//!   database), one page at a time by id.
+//! * The sweep: a dead replica's session whose executor never comes back
+//!   is ended by a live replica (`lease_expired`, the same grant), not
+//!   before its lease ran out by the database's clock, and reads so on
+//!   the live replica.
 
 use bmx::client::ApiClient;
 use serde_json::json;
@@ -683,53 +689,45 @@ async fn a_dead_replicas_sessions_are_taken_over() {
     assert!(a_again.term().success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_whose_lease_ran_out_is_not_taken_over() {
-    use super::harness_common::{dial_endpoint, Fake};
-    use bmx::wire::types::{AssignParams, AssignResult, Resume, StopParams, StopResult};
-    use bmx::wire::{Endpoint, Method, Responder};
-    const TTL_MS: u64 = 2_000;
-    let Some(db) = super::pg_support::fresh("replicas_expired") else {
-        return;
-    };
-    let data = tempfile::tempdir().unwrap();
+/// Replicas A and B with lease TTL `ttl_ms` over `db`, and a scripted
+/// executor (a real WebSocket client, `ex-b`) on A that accepted session
+/// `session`: the executor, its connection id and the session as created.
+struct OnA {
+    a: Proc,
+    b: Proc,
+    ports: [u16; 2],
+    fake: super::harness_common::Fake,
+    connection: String,
+    session: serde_json::Value,
+}
+
+fn ws_url(port: u16) -> bmx::wire::Endpoint {
+    bmx::wire::Endpoint::parse(&format!("ws://127.0.0.1:{port}/v1/executor/connect")).unwrap()
+}
+
+async fn a_session_on_a(db: &str, data: &Path, session: &str, ttl_ms: u64) -> OnA {
+    use super::harness_common::dial_endpoint;
+    use bmx::wire::types::{AssignParams, AssignResult};
+    use bmx::wire::{Method, Responder};
     let ports = [free_port(), free_port()];
-    let mut a_proc = harness_ttl(
-        ports[0],
-        &data.path().join("a"),
-        &db.url,
-        "replica-a",
-        TTL_MS,
-    );
-    let b_proc = harness_ttl(
-        ports[1],
-        &data.path().join("b"),
-        &db.url,
-        "replica-b",
-        TTL_MS,
-    );
-    let (a, b) = (client(ports[0]), client(ports[1]));
-    for c in [&a, &b] {
+    let a = harness_ttl(ports[0], &data.join("a"), db, "replica-a", ttl_ms);
+    let b = harness_ttl(ports[1], &data.join("b"), db, "replica-b", ttl_ms);
+    for p in ports {
+        let c = client(p);
         until("a replica to answer", || async {
             c.get("/v1/health").await.ok().filter(|r| r.0 == 200)
         })
         .await;
     }
-    let url = |p: u16| Endpoint::parse(&format!("ws://127.0.0.1:{p}/v1/executor/connect")).unwrap();
-    // A scripted executor (a real WebSocket client) on A with a session.
-    let mut fake: Fake = dial_endpoint(&url(ports[0]), "tok-b").await.unwrap();
+    let mut fake = dial_endpoint(&ws_url(ports[0]), "tok-b").await.unwrap();
     fake.register(None).await.unwrap();
     fake.keep_alive();
     let create = {
-        let a = client(ports[0]);
-        tokio::spawn(async move {
-            a.post(
-                "/v1/sessions",
-                &json!({"sessionId": "exp-1", "executorId": "ex-b"}),
-            )
-            .await
-            .unwrap()
-        })
+        let (a, body) = (
+            client(ports[0]),
+            json!({"sessionId": session, "executorId": "ex-b"}),
+        );
+        tokio::spawn(async move { a.post("/v1/sessions", &body).await.unwrap() })
     };
     let (p, r): (AssignParams, Responder) = fake.expect(Method::SessionAssign).await;
     r.ok(&AssignResult {
@@ -738,31 +736,66 @@ async fn a_session_whose_lease_ran_out_is_not_taken_over() {
     });
     let (status, s) = create.await.unwrap();
     assert_eq!(status, 201, "{s}");
-    let last_connection = fake.connection_id.clone();
+    let connection = fake.connection_id.clone();
+    OnA {
+        a,
+        b,
+        ports,
+        fake,
+        connection,
+        session: s,
+    }
+}
+
+/// A scripted executor `ex-b` registering on `port` with `resume` listing
+/// `session`: it must be told `session.stop {reason: "lease_expired"}`.
+async fn resume_is_stopped(port: u16, last_connection: String, session: &str) {
+    use super::harness_common::dial_endpoint;
+    use bmx::wire::types::{Resume, StopParams, StopResult};
+    use bmx::wire::{Method, Responder};
+    let mut fake = dial_endpoint(&ws_url(port), "tok-b").await.unwrap();
+    fake.register(Some(Resume {
+        executor_id: "ex-b".into(),
+        last_connection_id: last_connection,
+        active_sessions: vec![session.into()],
+    }))
+    .await
+    .unwrap();
+    let (stop, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
+    assert_eq!(stop.session_id, session);
+    assert_eq!(stop.reason, "lease_expired");
+    r.ok(&StopResult { stopped: true });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_lease_ran_out_is_not_taken_over() {
+    const TTL_MS: u64 = 2_000;
+    let Some(db) = super::pg_support::fresh("replicas_expired") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let OnA {
+        mut a,
+        b,
+        ports,
+        fake,
+        connection,
+        session: s,
+    } = a_session_on_a(&db.url, data.path(), "exp-1", TTL_MS).await;
 
     // A dies; the executor stays away until, by the database's clock, the
     // lease cannot be current any more (A last seen + poll + TTL).
-    a_proc.0.kill().unwrap();
-    a_proc.0.wait().unwrap();
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
     drop(fake);
     until("the lease to run out by the database's clock", || async {
         unseen_for(&db.url, "replica-a", (TTL_MS + 500) as i64).then_some(())
     })
     .await;
 
-    // It resumes on B: told to stop the session, which B does not take.
-    let mut fake = dial_endpoint(&url(ports[1]), "tok-b").await.unwrap();
-    fake.register(Some(Resume {
-        executor_id: "ex-b".into(),
-        last_connection_id: last_connection,
-        active_sessions: vec!["exp-1".into()],
-    }))
-    .await
-    .unwrap();
-    let (stop, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
-    assert_eq!(stop.session_id, "exp-1");
-    assert_eq!(stop.reason, "lease_expired");
-    r.ok(&StopResult { stopped: true });
+    // It resumes on B: told to stop the session, which B does not take
+    // (whether B's sweep ended it first or the takeover rule does now).
+    resume_is_stopped(ports[1], connection, "exp-1").await;
     let (token, replica, state, reason) = full_row(&db.url, "exp-1").unwrap();
     assert_eq!(
         token,
@@ -773,6 +806,189 @@ async fn a_session_whose_lease_ran_out_is_not_taken_over() {
     assert_eq!(state, "ended");
     assert_eq!(reason.as_deref(), Some("lease_expired"));
     assert_eq!(local_status(ports[1], "exp-1").await, 404);
-    let _ = b;
+    assert!(b.term().success());
+}
+
+/// The database's verdict on an ended row of `session` granted by
+/// `replica`: whether it was ended no earlier than `ms` after that
+/// replica was last seen, both by the database's clock.
+fn ended_after_unseen_for(db: &str, session: &str, replica: &str, ms: i64) -> bool {
+    let (db, session, replica) = (db.to_owned(), session.to_owned(), replica.to_owned());
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+        c.query_one(
+            "SELECT s.written_at >= r.seen_at + $3::BIGINT * interval '1 millisecond' \
+             FROM sessions s JOIN replicas r ON r.id = $2 WHERE s.session_id = $1",
+            &[&session, &replica, &ms],
+        )
+        .unwrap()
+        .get(0)
+    })
+    .join()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_session_whose_executor_never_returns_is_ended() {
+    const TTL_MS: u64 = 2_000;
+    let Some(db) = super::pg_support::fresh("replicas_sweep") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let OnA {
+        mut a,
+        b: b_proc,
+        ports,
+        fake,
+        connection,
+        session: s,
+    } = a_session_on_a(&db.url, data.path(), "orphan-1", TTL_MS).await;
+    let token = s["fencingToken"].as_i64().unwrap();
+    let b = client(ports[1]);
+    // While A lives, B answers with A's session, not ended (forwarded to
+    // A, or, if A's liveness row lags under load, its row: `assigning`
+    // until A's writer stored the acceptance).
+    let (status, v) = b.get("/v1/sessions/orphan-1").await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        ["active", "assigning"].contains(&v["state"].as_str().unwrap_or_default()),
+        "{v}"
+    );
+
+    // SIGKILL A; the executor never comes back (until the very end).
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    drop(fake);
+    let ended = until("B to end the dead replica's session", || async {
+        let (status, v) = b.get("/v1/sessions/orphan-1").await.ok()?;
+        (status == 200 && v["state"] == "ended").then_some(v)
+    })
+    .await;
+    assert_eq!(ended["endedReason"], "lease_expired", "{ended}");
+    assert_eq!(ended["fencingToken"].as_i64(), Some(token), "{ended}");
+    // The database's row: the same grant (no new one), ended, and not
+    // before A's lease could have run out by the database's clock (A last
+    // seen + one poll + the TTL; the harness polls every 500 ms).
+    let (row_token, replica, state, reason) = full_row(&db.url, "orphan-1").unwrap();
+    assert_eq!(row_token, token);
+    assert_eq!(replica, "replica-a");
+    assert_eq!(state, "ended");
+    assert_eq!(reason.as_deref(), Some("lease_expired"));
+    assert!(
+        ended_after_unseen_for(&db.url, "orphan-1", "replica-a", (TTL_MS + 500) as i64),
+        "ended before the lease ran out"
+    );
+
+    // The executor comes back after all, to B, resuming the session: it
+    // is told to stop it.
+    resume_is_stopped(ports[1], connection, "orphan-1").await;
+    assert_eq!(
+        full_row(&db.url, "orphan-1").map(|r| (r.0, r.2)),
+        Some((token, "ended".into()))
+    );
     assert!(b_proc.term().success());
+}
+
+/// The session ids of a `GET /v1/sessions` answer, in order.
+fn listed(v: &serde_json::Value) -> Vec<String> {
+    v["sessions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s["sessionId"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_lists_every_replicas_sessions() {
+    let Some(db) = super::pg_support::fresh("replicas_list") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
+    let work = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let execs = [
+        executor(ports[0], "tok-a", work[0].path()),
+        executor(ports[1], "tok-b", work[1].path()),
+    ];
+    let exec_ids = ["ex-a", "ex-b"];
+    for (c, id) in clients.iter().zip(exec_ids) {
+        until("the executor to register", || async {
+            lists(c, id).await.then_some(())
+        })
+        .await;
+    }
+    // Two sessions through A (on its executor), one through B.
+    for (i, session) in [(0, "list-a-1"), (0, "list-a-2"), (1, "list-b-1")] {
+        let (status, s) = clients[i]
+            .post(
+                "/v1/sessions",
+                &json!({"sessionId": session, "executorId": exec_ids[i]}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "{s}");
+    }
+    let want = ["list-a-1", "list-a-2", "list-b-1"];
+    // Each replica lists all three at once (a grant is its row before
+    // the 201); the other replica's show `active` once that replica's
+    // writer stored the executor's acceptance (the row lags it).
+    for c in &clients {
+        let (status, v) = c.get("/v1/sessions").await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(listed(&v), want, "{v}");
+        assert!(v.get("next").is_none(), "{v}");
+        until("every session listed active", || async {
+            let (_, v) = c.get("/v1/sessions").await.ok()?;
+            let all = v["sessions"].as_array()?;
+            (all.len() == 3 && all.iter().all(|s| s["state"] == "active")).then_some(())
+        })
+        .await;
+    }
+    // One page at a time through B: each session once, in order.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..10 {
+        let path = match &after {
+            None => "/v1/sessions?limit=1".to_owned(),
+            Some(a) => format!("/v1/sessions?limit=1&after={a}"),
+        };
+        let (status, v) = clients[1].get(&path).await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        let page = listed(&v);
+        assert!(page.len() <= 1, "{v}");
+        seen.extend(page);
+        match v["next"].as_str() {
+            Some(n) => after = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, want);
+    for bad in ["0", "1001", "x"] {
+        let (status, v) = clients[1]
+            .get(&format!("/v1/sessions?limit={bad}"))
+            .await
+            .unwrap();
+        assert_eq!(status, 400, "limit={bad}: {v}");
+    }
+    // Ended on A (asked through B, forwarded): B lists it ended.
+    let (status, ended) = clients[1].delete("/v1/sessions/list-a-1").await.unwrap();
+    assert_eq!(status, 200, "{ended}");
+    until("B to list the session ended", || async {
+        let (_, v) = clients[1].get("/v1/sessions").await.ok()?;
+        v["sessions"]
+            .as_array()?
+            .iter()
+            .any(|s| s["sessionId"] == "list-a-1" && s["state"] == "ended")
+            .then_some(())
+    })
+    .await;
+    for e in execs {
+        assert_eq!(e.term().code(), Some(0));
+    }
+    for p in procs {
+        assert!(p.term().success());
+    }
 }

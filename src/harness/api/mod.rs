@@ -6,6 +6,7 @@ pub mod backups;
 pub mod drain;
 pub mod enrollments;
 pub mod files;
+pub mod listing;
 pub mod mcp;
 pub mod sessions;
 pub mod skills;

@@ -12,6 +12,12 @@
 //! platform share it) and a marker header, so it is never forwarded
 //! twice. Only plain HTTP calls are forwarded: WebSocket upgrades
 //! (event streams, relays) are answered here.
+//!
+//! `GET /v1/sessions/{id}` of a session neither this replica nor any live
+//! one holds is answered from the database's row (a dead replica's
+//! session, or one the sweep ended: `lease_expired`), so its outcome can
+//! be read on any replica. A forwarded call never reads the database
+//! this way: it asks what the replica itself holds.
 
 use super::App;
 use crate::harness::error::ApiError;
@@ -90,6 +96,18 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     } else {
         return next.run(req).await;
     };
+    // Read from the database when no live replica holds it: a plain
+    // `GET /v1/sessions/{id}` of a session unknown here.
+    let from_db = match &owner {
+        Owner::Session(id, 0)
+            if req.method() == Method::GET
+                && path.len() == "/v1/sessions/".len() + id.len()
+                && !shared.sessions.contains_key(id) =>
+        {
+            Some(id.clone())
+        }
+        _ => None,
+    };
     let db = replica.db.clone();
     let alive = shared.config.lease_ttl_ms;
     let found = tokio::task::spawn_blocking(move || match owner {
@@ -99,7 +117,10 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     .await;
     let (to, url) = match found {
         Ok(Ok(Some(o))) => o,
-        Ok(Ok(None)) => return next.run(req).await,
+        Ok(Ok(None)) => match from_db {
+            Some(id) => return stored_session(&app, req, next, id).await,
+            None => return next.run(req).await,
+        },
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "cannot look up the owning replica; answering here");
             return next.run(req).await;
@@ -118,6 +139,24 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
             )
             .into_response()
         }
+    }
+}
+
+/// Answer `GET /v1/sessions/{id}` with the database's row of `id`, or as
+/// without replicas (404) when there is none or the database fails.
+async fn stored_session(app: &App, req: Request, next: Next, id: String) -> Response {
+    let Some(replica) = app.shared.replica.get() else {
+        return next.run(req).await;
+    };
+    let db = replica.db.clone();
+    match tokio::task::spawn_blocking(move || db.session_info(&id)).await {
+        Ok(Ok(Some(info))) => axum::Json(info).into_response(),
+        Ok(Ok(None)) => next.run(req).await,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the session from the store; answering here");
+            next.run(req).await
+        }
+        Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
 }
 

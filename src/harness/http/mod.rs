@@ -535,8 +535,46 @@ async fn drain_executor(
     Ok(Json(r).into_response())
 }
 
-async fn list_sessions(State(app): State<App>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "sessions": app.sessions().list() }))
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/sessions?after=&limit=`: one page by session id, at most
+/// [`PAGE_MAX`](crate::harness::api::listing::PAGE_MAX). Over several
+/// replicas, every replica's sessions (read from the database, this
+/// replica's own as it holds them); a database that fails answers 503
+/// `store_unavailable` rather than a page that silently lacks the others'.
+async fn list_sessions(
+    State(app): State<App>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    use crate::harness::api::listing::{merge_page, PAGE_MAX};
+    let Query(q) = query.map_err(|e| ApiError::bad_request(format!("query: {e}")))?;
+    let limit = q.limit.unwrap_or(PAGE_MAX);
+    if !(1..=PAGE_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {PAGE_MAX}"
+        )));
+    }
+    let stored = match app.shared.replica.get() {
+        Some(r) => {
+            let (db, after) = (r.db.clone(), q.after.clone());
+            tokio::task::spawn_blocking(move || db.sessions_page(after.as_deref(), limit))
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .map_err(|e| crate::harness::actors::leases::store_unavailable(e.to_string()))?
+        }
+        None => Vec::new(),
+    };
+    let page = merge_page(app.sessions().list(), stored, q.after.as_deref(), limit);
+    let mut v = serde_json::json!({ "sessions": page.sessions });
+    if let Some(next) = page.next {
+        v["next"] = next.into();
+    }
+    Ok(Json(v).into_response())
 }
 
 async fn create_session(State(app): State<App>, bytes: Bytes) -> Result<Response, ApiError> {

@@ -685,7 +685,7 @@ fn base() -> Value {
               "createdAt": {"type": "string"}, "endedAt": {"type": "string"}, "endedReason": {"type": "string"},
               "metadata": {"type": "object"}, "processes": {"type": "array", "items": {"$ref": "#/components/schemas/ProcessStatus"}},
               "mcpServers": {"type": "array", "description": "present when the session has MCP servers: spec (secretEnv values redacted) and state; tools are in GET /v1/sessions/{id}/mcp", "items": {"$ref": "#/components/schemas/McpServer"}}}},
-          "Sessions": {"type": "object", "properties": {"sessions": {"type": "array", "items": {"$ref": "#/components/schemas/Session"}}}},
+          "Sessions": {"type": "object", "properties": {"sessions": {"type": "array", "items": {"$ref": "#/components/schemas/Session"}}, "next": {"type": "string", "description": "present when more may follow: ask again with after=next"}}},
           "ProcessStart": {"type": "object",
             "anyOf": [{"required": ["argv"], "properties": {"argv": {"minItems": 1}}}, {"required": ["fileTransfer"], "properties": {"argv": {"maxItems": 0}}}],
             "properties": {
@@ -746,7 +746,10 @@ fn base() -> Value {
             "requestBody": body("DrainExecutor", false),
             "responses": {"200": ok("the executor's answer", "DrainResult"), "400": err("bad reason or deadlineMs"), "404": err("no such executor connected (reason unknown_executor)"), "504": err("the executor did not answer")}}},
         "/v1/sessions": {
-          "get": {"summary": "Sessions (live and recently ended)", "responses": {"200": ok("sessions", "Sessions")}},
+          "get": {"summary": "Sessions (live and recently ended), one page by session id; over several replicas every replica's (from the database)",
+            "parameters": [{"name": "after", "in": "query", "schema": {"type": "string"}, "description": "list ids above this one (the previous page's next)"},
+                           {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1000}}],
+            "responses": {"200": ok("sessions, and next when more may follow", "Sessions"), "400": err("a bad limit"), "503": err("the shared database failed (reason store_unavailable)")}},
           "post": {"summary": "Create a session: grant a lease, send session.assign, answer once accepted", "requestBody": body("CreateSession", false),
             "responses": {"201": ok("the session", "Session"), "400": err("bad input"), "404": err("restoreFrom names no stored backup or artifact"), "409": err("the session id is in use"), "501": err("restoreFrom without a blob store, or an executor that does not restore (-32012)"), "503": err("no executor connected, or the executor is busy (-32029)"), "504": err("the executor did not answer")}}},
         "/v1/sessions/{id}": {

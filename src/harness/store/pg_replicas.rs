@@ -21,13 +21,18 @@
 //!   grows per session.
 //! * **Liveness.** Each replica upserts its row of `replicas` (`seen_at =
 //!   now()`, the database clock) every poll interval.
+//! * **The sweep.** On the same poll, each replica ends the sessions of
+//!   dead replicas whose lease ran out by the database's clock and whose
+//!   executor never resumed them anywhere ([`sweep_orphans`]), a bounded
+//!   number per poll, each with one conditional `UPDATE` (the database
+//!   decides a race with a takeover or another replica's sweep).
 
 use super::durable::{state_name, StoredResult, StoredSession};
 use super::postgres::PgStore;
 use super::StoreError;
 use crate::harness::replica::TakeoverRow;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::Client;
+use postgres::{Client, GenericClient, Row};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -41,6 +46,11 @@ const STOP_CHECK: Duration = Duration::from_millis(200);
 
 /// Pause before reopening a broken listening connection.
 const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// Sessions the sweep ends per poll at most: a dead replica's many
+/// sessions end over several polls, each poll one short query and at
+/// most this many one-row updates.
+const SWEEP_LIMIT: i64 = 64;
 
 /// An executor's connection generation, as the database numbered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,28 +216,10 @@ impl PgReplicas {
             )?;
             Ok((now, rows))
         })?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in rows {
-            let info: crate::harness::types::SessionInfo =
-                serde_json::from_str(r.try_get::<_, &str>(0)?)?;
-            let expires = r
-                .try_get::<_, Option<i64>>(1)?
-                .map(super::postgres::ms)
-                .transpose()?;
-            let row = TakeoverRow {
-                executor_id: r.try_get(2)?,
-                ended: r.try_get::<_, &str>(3)? == "ended",
-                lease_expires_at_ms: expires,
-                owner_seen_ms: super::postgres::ms(r.try_get(4)?)?,
-            };
-            out.push((
-                StoredSession {
-                    info,
-                    lease_expires_at_ms: expires,
-                },
-                row,
-            ));
-        }
+        let out = rows
+            .iter()
+            .map(takeover_row)
+            .collect::<Result<Vec<_>, _>>()?;
         Ok((super::postgres::ms(now)?, out))
     }
 
@@ -313,18 +305,8 @@ impl PgReplicas {
     ///
     /// The database fails.
     pub fn end_expired(&self, session: &StoredSession, previous: u64) -> Result<bool, StoreError> {
-        let i = &session.info;
-        let previous = big(previous)?;
-        let info = serde_json::to_string(i)?;
-        let n = self.store.with(|c| {
-            c.execute(
-                "UPDATE sessions SET state = 'ended', ended_reason = $3, \
-                 lease_expires_at_ms = NULL, info = $4, written_at = now() \
-                 WHERE session_id = $1 AND fencing_token = $2 AND state <> 'ended'",
-                &[&i.session_id, &previous, &i.ended_reason, &info],
-            )
-        })?;
-        Ok(n > 0)
+        self.store
+            .with(|c| Ok(end_expired_on(c, session, previous)))?
     }
 
     /// The replica other than this one that made the current grant of
@@ -353,6 +335,55 @@ impl PgReplicas {
             )
         })?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
+    }
+
+    /// The record of `session_id` as the database holds it (whoever
+    /// granted it), for a replica asked about a session no live replica
+    /// holds: a dead replica's, or one the sweep ended.
+    ///
+    /// # Errors
+    ///
+    /// The database fails or the row does not decode.
+    pub fn session_info(
+        &self,
+        session_id: &str,
+    ) -> Result<Option<crate::harness::types::SessionInfo>, StoreError> {
+        let row = self.store.with(|c| {
+            c.query_opt(
+                "SELECT info FROM sessions WHERE session_id = $1",
+                &[&session_id],
+            )
+        })?;
+        row.map(|r| Ok(serde_json::from_str(r.try_get::<_, &str>(0)?)?))
+            .transpose()
+    }
+
+    /// The first `limit` session records with ids above `after` (all when
+    /// `None`), in byte order of the id (`COLLATE "C"`, the order Rust
+    /// compares strings in, whatever the database's collation), whoever
+    /// granted them: a listing over every replica
+    /// ([`crate::harness::api::listing::merge_page`]).
+    ///
+    /// # Errors
+    ///
+    /// The database fails or a row does not decode.
+    pub fn sessions_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<crate::harness::types::SessionInfo>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.store.with(|c| {
+            c.query(
+                "SELECT info FROM sessions \
+                 WHERE $1::TEXT IS NULL OR session_id COLLATE \"C\" > $1 \
+                 ORDER BY session_id COLLATE \"C\" LIMIT $2",
+                &[&after, &limit],
+            )
+        })?;
+        rows.iter()
+            .map(|r| Ok(serde_json::from_str(r.try_get::<_, &str>(0)?)?))
+            .collect()
     }
 
     /// The sessions whose current grant another replica made that was
@@ -412,7 +443,9 @@ impl PgReplicas {
     /// connection registration announces, and, every `poll`, the current
     /// generation of each executor `local()` names (what covers a lost
     /// notification). Each `poll` the replica's row of `replicas` is
-    /// refreshed with `url`. Runs until [`PgReplicas::stop`].
+    /// refreshed with `url`, and the sessions of replicas dead for `ttl`
+    /// whose leases ran out are ended ([`sweep_orphans`]). Runs until
+    /// [`PgReplicas::stop`].
     ///
     /// # Errors
     ///
@@ -420,6 +453,7 @@ impl PgReplicas {
     pub fn watch(
         &self,
         poll: Duration,
+        ttl: Duration,
         url: String,
         local: impl Fn() -> Vec<String> + Send + 'static,
         on: impl Fn(Generation) + Send + 'static,
@@ -432,7 +466,8 @@ impl PgReplicas {
             .spawn(move || {
                 let span = tracing::info_span!("replicas", replica = %id);
                 let _g = span.enter();
-                listen(&store, &stop, &id, &url, poll, &local, &on);
+                let every = Every { poll, ttl };
+                listen(&store, &stop, &id, &url, every, &local, &on);
             })?;
         *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(handle);
         Ok(())
@@ -468,6 +503,102 @@ fn big(v: u64) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
 }
 
+/// A row of `info, lease_expires_at_ms, executor_id, state, owner seen
+/// (unix ms)`, as the takeover and the sweep read it.
+fn takeover_row(r: &Row) -> Result<(StoredSession, TakeoverRow), StoreError> {
+    let info: crate::harness::types::SessionInfo = serde_json::from_str(r.try_get::<_, &str>(0)?)?;
+    let expires = r
+        .try_get::<_, Option<i64>>(1)?
+        .map(super::postgres::ms)
+        .transpose()?;
+    let row = TakeoverRow {
+        executor_id: r.try_get(2)?,
+        ended: r.try_get::<_, &str>(3)? == "ended",
+        lease_expires_at_ms: expires,
+        owner_seen_ms: super::postgres::ms(r.try_get(4)?)?,
+    };
+    Ok((
+        StoredSession {
+            info,
+            lease_expires_at_ms: expires,
+        },
+        row,
+    ))
+}
+
+/// End the grant `previous` of `session` (its record, ended), if the row
+/// is still that grant and not ended: one conditional statement, so of a
+/// takeover, a sweep and another replica's sweep racing for the row,
+/// the row lock lets exactly one change it.
+fn end_expired_on(
+    c: &mut impl GenericClient,
+    session: &StoredSession,
+    previous: u64,
+) -> Result<bool, StoreError> {
+    let i = &session.info;
+    let previous = big(previous)?;
+    let info = serde_json::to_string(i)?;
+    let n = c.execute(
+        "UPDATE sessions SET state = 'ended', ended_reason = $3, \
+         lease_expires_at_ms = NULL, info = $4, written_at = now() \
+         WHERE session_id = $1 AND fencing_token = $2 AND state <> 'ended'",
+        &[&i.session_id, &previous, &i.ended_reason, &info],
+    )?;
+    Ok(n > 0)
+}
+
+/// End, as replica `me`, the sessions another replica granted that no
+/// executor will keep any more: that replica is dead and the lease ran
+/// out, both by the database's `now()` ([`replica::orphan_expired`]).
+/// Without this such a session stays as the dead replica left it (not
+/// ended) until some replica starts up and loads it. The query picks at
+/// most [`SWEEP_LIMIT`] candidates with the same rule (so rows not yet
+/// due never crowd out rows that are); the rule then decides each, and
+/// the conditional update decides a race. Returns how many were ended.
+///
+/// [`replica::orphan_expired`]: crate::harness::replica::orphan_expired
+fn sweep_orphans(c: &mut Client, me: &str, every: Every) -> Result<usize, StoreError> {
+    let ttl_ms = u64::try_from(every.ttl.as_millis()).unwrap_or(u64::MAX);
+    let poll_ms = u64::try_from(every.poll.as_millis()).unwrap_or(u64::MAX);
+    let rows = c.query(
+        "WITH n AS (SELECT (extract(epoch FROM now()) * 1000)::BIGINT AS now_ms), \
+         s AS (SELECT s.*, (extract(epoch FROM COALESCE(r.seen_at, s.written_at)) * 1000)::BIGINT \
+               AS seen_ms FROM sessions s LEFT JOIN replicas r ON r.id = s.replica \
+               WHERE s.state <> 'ended' AND s.replica IS NOT NULL AND s.replica <> $1) \
+         SELECT s.info, s.lease_expires_at_ms, s.executor_id, s.state, s.seen_ms, n.now_ms \
+         FROM s CROSS JOIN n \
+         WHERE s.seen_ms + $2 <= n.now_ms \
+           AND COALESCE(s.lease_expires_at_ms, s.seen_ms + $3 + $2) <= n.now_ms \
+         ORDER BY s.written_at LIMIT $4",
+        &[&me, &big(ttl_ms)?, &big(poll_ms)?, &SWEEP_LIMIT],
+    )?;
+    let mut ended = 0;
+    for r in &rows {
+        let now = super::postgres::ms(r.try_get(5)?)?;
+        let (stored, row) = takeover_row(r)?;
+        if !crate::harness::replica::orphan_expired(&row, now, ttl_ms, poll_ms) {
+            continue;
+        }
+        let previous = stored.info.fencing_token;
+        let session = crate::harness::replica::ended_expired(stored);
+        if end_expired_on(c, &session, previous)? {
+            ended += 1;
+            tracing::info!(session = %session.info.session_id,
+                executor_id = %session.info.executor_id, fencing_token = previous,
+                "ended a dead replica's session whose lease ran out (lease_expired)");
+        }
+    }
+    Ok(ended)
+}
+
+/// The listener's intervals: the poll, and how long a replica unseen is
+/// dead (the lease TTL).
+#[derive(Debug, Clone, Copy)]
+struct Every {
+    poll: Duration,
+    ttl: Duration,
+}
+
 /// `"<generation> <executor id>"` (the id may hold spaces: it is the rest).
 fn parse(payload: &str) -> Option<Generation> {
     let (g, id) = payload.split_once(' ')?;
@@ -484,10 +615,11 @@ fn listen(
     stop: &AtomicBool,
     id: &str,
     url: &str,
-    poll: Duration,
+    every: Every,
     local: &dyn Fn() -> Vec<String>,
     on: &dyn Fn(Generation),
 ) {
+    let poll = every.poll;
     let mut client: Option<Client> = None;
     let mut next_poll = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -534,6 +666,9 @@ fn listen(
             next_poll = Instant::now() + poll;
             if let Err(e) = poll_once(c, id, url, &local(), on) {
                 tracing::warn!(error = %e, "polling connection generations failed");
+                broken = c.is_closed();
+            } else if let Err(e) = sweep_orphans(c, id, every) {
+                tracing::warn!(error = %e, "sweeping dead replicas' expired sessions failed");
                 broken = c.is_closed();
             }
         }
