@@ -153,6 +153,28 @@ fn client(port: u16) -> ApiClient {
 }
 
 /// Two replicas over `db`, healthy.
+/// One executor on each replica (`ex-a` on the first, `ex-b` on the
+/// second), registered: their workspaces (kept while the test runs), the
+/// processes and the ids.
+async fn one_executor_each(
+    clients: &[ApiClient; 2],
+    ports: [u16; 2],
+) -> ([tempfile::TempDir; 2], [Proc; 2], [&'static str; 2]) {
+    let work = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let execs = [
+        executor(ports[0], "tok-a", work[0].path()),
+        executor(ports[1], "tok-b", work[1].path()),
+    ];
+    let exec_ids = ["ex-a", "ex-b"];
+    for (c, id) in clients.iter().zip(exec_ids) {
+        until("the executor to register", || async {
+            lists(c, id).await.then_some(())
+        })
+        .await;
+    }
+    (work, execs, exec_ids)
+}
+
 async fn two_replicas(db: &str, data: &Path) -> ([Proc; 2], [ApiClient; 2], [u16; 2]) {
     let ports = [free_port(), free_port()];
     let procs = [
@@ -284,18 +306,7 @@ async fn one_grant_per_session_across_replicas() {
     };
     let data = tempfile::tempdir().unwrap();
     let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
-    let work = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let execs = [
-        executor(ports[0], "tok-a", work[0].path()),
-        executor(ports[1], "tok-b", work[1].path()),
-    ];
-    let exec_ids = ["ex-a", "ex-b"];
-    for (c, id) in clients.iter().zip(exec_ids) {
-        until("the executor to register", || async {
-            lists(c, id).await.then_some(())
-        })
-        .await;
-    }
+    let (_work, execs, exec_ids) = one_executor_each(&clients, ports).await;
 
     for n in 0..5 {
         let session = format!("race-{n}");
@@ -908,18 +919,7 @@ async fn every_replica_lists_every_replicas_sessions() {
     };
     let data = tempfile::tempdir().unwrap();
     let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
-    let work = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let execs = [
-        executor(ports[0], "tok-a", work[0].path()),
-        executor(ports[1], "tok-b", work[1].path()),
-    ];
-    let exec_ids = ["ex-a", "ex-b"];
-    for (c, id) in clients.iter().zip(exec_ids) {
-        until("the executor to register", || async {
-            lists(c, id).await.then_some(())
-        })
-        .await;
-    }
+    let (_work, execs, exec_ids) = one_executor_each(&clients, ports).await;
     // Two sessions through A (on its executor), one through B.
     for (i, session) in [(0, "list-a-1"), (0, "list-a-2"), (1, "list-b-1")] {
         let (status, s) = clients[i]
