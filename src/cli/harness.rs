@@ -682,13 +682,9 @@ async fn all_sessions(client: &ApiClient) -> Result<(u16, Value), bmx::client::C
         }
         sessions.extend(page["sessions"].as_array().cloned().unwrap_or_default());
         match page["next"].as_str() {
-            // Session ids are `[A-Za-z0-9._:-]` (wire::id): nothing to
-            // escape in a query; anything else from a harness is refused.
-            Some(next)
-                if next
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b".:_-".contains(&b)) =>
-            {
+            // A session id passes the id rule (wire::id): nothing in it
+            // needs escaping in a query; anything else is refused.
+            Some(next) if bmx::wire::id::check("next", next).is_ok() => {
                 path = format!("/v1/sessions?after={next}")
             }
             Some(_) => return Ok((502, json!({"error": {"message": "bad next page id"}}))),

@@ -66,6 +66,37 @@ pub struct SessionInfo {
     pub mcp_servers: Vec<McpServerInfo>,
 }
 
+impl SessionInfo {
+    /// A session as its grant starts it: not ready, no status, no
+    /// processes, no metadata or MCP servers yet, not ended.
+    pub fn new(
+        session_id: String,
+        executor_id: String,
+        fencing_token: u64,
+        lease_token: String,
+        state: SessionState,
+        created_at: String,
+    ) -> SessionInfo {
+        SessionInfo {
+            session_id,
+            executor_id,
+            connection_id: None,
+            fencing_token,
+            lease_token,
+            state,
+            ready: false,
+            status: None,
+            status_detail: None,
+            created_at,
+            ended_at: None,
+            ended_reason: None,
+            metadata: JsonMap::default(),
+            processes: Vec::new(),
+            mcp_servers: Vec::new(),
+        }
+    }
+}
+
 /// Something a platform may want to react to. Delivered on
 /// [`HarnessHandle::events`](super::HarnessHandle::events) and to the
 /// callback of [`HarnessBuilder::on_event`](super::HarnessBuilder::on_event).

@@ -684,21 +684,17 @@ impl LeasesState {
         self.shared.sessions.insert(
             session_id.clone(),
             SessionInfo {
-                session_id: session_id.clone(),
-                executor_id: executor_id.clone(),
                 connection_id: Some(entry.connection_id.clone()),
-                fencing_token: grant.fencing_token,
-                lease_token: grant.lease_token.clone(),
-                state: SessionState::Assigning,
-                ready: false,
-                status: None,
-                status_detail: None,
-                created_at: now_rfc3339(),
-                ended_at: None,
-                ended_reason: None,
                 metadata,
-                processes: Vec::new(),
                 mcp_servers,
+                ..SessionInfo::new(
+                    session_id.clone(),
+                    executor_id.clone(),
+                    grant.fencing_token,
+                    grant.lease_token.clone(),
+                    SessionState::Assigning,
+                    now_rfc3339(),
+                )
             },
         );
         let durable = self.persist(&session_id);

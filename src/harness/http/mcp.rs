@@ -233,6 +233,17 @@ fn frame_fits(raw: &[u8], message: &ClientMessage, max: usize, overhead: usize) 
     escaped_len(&text).saturating_add(overhead) <= max
 }
 
+/// A JSON-RPC answer (or error) to a request, as the 200 JSON response
+/// it is carried in.
+fn json_answer(answer: String) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        answer,
+    )
+        .into_response()
+}
+
 fn message_id(message: &ClientMessage) -> Value {
     match message {
         ClientMessage::Request { id, .. } | ClientMessage::Response { id } => id.clone(),
@@ -374,12 +385,7 @@ pub(crate) async fn post(
                         return endpoint_error(e, &id);
                     }
                 }
-                return (
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    resolve(d, &id, timeout_ms),
-                )
-                    .into_response();
+                return json_answer(resolve(d, &id, timeout_ms));
             }
             let minted = match tokio::time::timeout(ACCEPT_WAIT, arx).await {
                 Ok(Ok(Ok(m))) => m,
@@ -392,12 +398,7 @@ pub(crate) async fn post(
                     && serde_json::from_str::<Value>(&answer)
                         .map(|v| v.get("error").is_some())
                         .unwrap_or(true);
-                let mut resp = (
-                    StatusCode::OK,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    answer,
-                )
-                    .into_response();
+                let mut resp = json_answer(answer);
                 if let Some(client) = minted {
                     if failed {
                         // No session for a failed initialize.

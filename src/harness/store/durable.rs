@@ -511,21 +511,16 @@ mod tests {
 
     fn info(id: &str, token: u64, state: SessionState) -> SessionInfo {
         SessionInfo {
-            session_id: id.into(),
-            executor_id: "e1".into(),
             connection_id: Some("c-1".into()),
-            fencing_token: token,
-            lease_token: format!("lease-{id}-{token}"),
-            state,
             ready: true,
-            status: None,
-            status_detail: None,
-            created_at: "2026-01-01T00:00:00Z".into(),
-            ended_at: None,
-            ended_reason: None,
-            metadata: Default::default(),
-            processes: Vec::new(),
-            mcp_servers: Vec::new(),
+            ..SessionInfo::new(
+                id.into(),
+                "e1".into(),
+                token,
+                format!("lease-{id}-{token}"),
+                state,
+                "2026-01-01T00:00:00Z".into(),
+            )
         }
     }
 
