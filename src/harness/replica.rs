@@ -265,6 +265,27 @@ impl Replica {
         self.gens.forget(executor_id, conn);
     }
 
+    /// This replica's connection `connection_id` of `executor_id` ended:
+    /// blank it in the database ([`PgReplicas::connection_ended`]), so no
+    /// other replica lists the executor as connected here or forwards to
+    /// it. In the background: the socket is gone either way, and a write
+    /// that fails (logged) leaves the row listed until the executor
+    /// connects again or this replica is dead (a lease TTL unseen).
+    pub fn connection_ended(&self, executor_id: &str, connection_id: &str) {
+        let db = self.db.clone();
+        let (exec, conn) = (executor_id.to_owned(), connection_id.to_owned());
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        rt.spawn_blocking(move || match db.connection_ended(&exec, &conn) {
+            Ok(true) => tracing::debug!(executor_id = %exec, connection_id = %conn,
+                "connection marked ended in the store"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(executor_id = %exec, connection_id = %conn, error = %e,
+                "cannot mark the connection ended in the store; other replicas list it until it reconnects or this replica is unseen for a lease TTL"),
+        });
+    }
+
     /// See [`Generations::local_executors`].
     pub fn local_executors(&self) -> Vec<String> {
         self.gens.local_executors()

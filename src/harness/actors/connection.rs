@@ -97,6 +97,9 @@ async fn lost(shared: &Shared, conn: ConnId, closed: Closed) {
     };
     if let Some(r) = shared.replica.get() {
         r.forget(&entry.executor_id, conn);
+        // Registered or not: the row may name it from before the
+        // register settled (it is numbered first).
+        r.connection_ended(&entry.executor_id, &entry.connection_id);
     }
     if entry.registered {
         shared

@@ -21,6 +21,12 @@
 //!   grows per session.
 //! * **Liveness.** Each replica upserts its row of `replicas` (`seen_at =
 //!   now()`, the database clock) every poll interval.
+//! * **Ended connections.** A connection of this replica that ends
+//!   blanks its `connection_id` in its row of `connections`
+//!   ([`PgReplicas::connection_ended`]), if the row is still that
+//!   connection's; the generation stays, so the 4004 numbering goes on.
+//!   A row with a blank connection is no executor's live connection: not
+//!   listed ([`PgReplicas::executors_elsewhere`]) and not forwarded to.
 //! * **The sweep.** On the same poll, each replica ends the sessions of
 //!   dead replicas whose lease ran out by the database's clock and whose
 //!   executor never resumed them anywhere ([`sweep_orphans`]), a bounded
@@ -51,6 +57,29 @@ const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// sessions end over several polls, each poll one short query and at
 /// most this many one-row updates.
 const SWEEP_LIMIT: i64 = 64;
+
+/// `connections.connection_id` of an executor whose newest connection
+/// ended: the column is `NOT NULL` (migration 3), and the row must stay
+/// for its generation.
+const ENDED: &str = "";
+
+/// Executors listed from other replicas at most (`GET /v1/executors`):
+/// bounded like every read, far above any fleet one database serves.
+pub const EXECUTORS_MAX: usize = 100_000;
+
+/// An executor connected to another live replica, as the database knows
+/// it (`GET /v1/executors`): which connection, where, since when, and the
+/// sessions its current grants name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorRow {
+    pub executor_id: String,
+    pub connection_id: String,
+    pub replica: String,
+    /// When the connection registered (unix ms, the database's clock).
+    pub connected_at_ms: u64,
+    /// Not-ended sessions granted on this connection, by id.
+    pub active_sessions: Vec<String>,
+}
 
 /// An executor's connection generation, as the database numbered it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,7 +436,8 @@ impl PgReplicas {
     }
 
     /// The replica other than this one holding the newest connection of
-    /// `executor_id`, with its URL, if it was seen within `alive_ms`.
+    /// `executor_id`, with its URL, if it was seen within `alive_ms` and
+    /// the connection did not end.
     ///
     /// # Errors
     ///
@@ -419,11 +449,79 @@ impl PgReplicas {
     ) -> Result<Option<(String, String)>, StoreError> {
         self.owner(
             "SELECT r.id, r.url FROM connections c JOIN replicas r ON r.id = c.replica \
-             WHERE c.executor_id = $1 AND r.id <> $2 \
+             WHERE c.executor_id = $1 AND r.id <> $2 AND c.connection_id <> '' \
              AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond'",
             executor_id,
             alive_ms,
         )
+    }
+
+    /// Connection `connection_id` of `executor_id` on this replica ended:
+    /// blank it in the executor's row, if the row is still that
+    /// connection's (a newer one, here or on another replica, is left
+    /// alone). `false`: it was not. The generation stays: the next
+    /// connection of the executor is numbered above it.
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn connection_ended(
+        &self,
+        executor_id: &str,
+        connection_id: &str,
+    ) -> Result<bool, StoreError> {
+        let n = self.store.with(|c| {
+            c.execute(
+                "UPDATE connections SET connection_id = $4, written_at = now() \
+                 WHERE executor_id = $1 AND replica = $2 AND connection_id = $3",
+                &[&executor_id, &self.id, &connection_id, &ENDED],
+            )
+        })?;
+        Ok(n > 0)
+    }
+
+    /// The executors whose newest connection is on another replica seen
+    /// within `alive_ms` (by the database's clock) and did not end, by id
+    /// in byte order, at most `limit`; each with the not-ended sessions
+    /// whose current grant names that connection.
+    ///
+    /// # Errors
+    ///
+    /// The database fails or a row does not decode.
+    pub fn executors_elsewhere(
+        &self,
+        alive_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<ExecutorRow>, StoreError> {
+        let alive = big(alive_ms)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.store.with(|c| {
+            c.query(
+                "SELECT c.executor_id, c.connection_id, c.replica, \
+                 (extract(epoch FROM c.written_at) * 1000)::BIGINT, \
+                 COALESCE(array_agg(s.session_id ORDER BY s.session_id COLLATE \"C\") \
+                          FILTER (WHERE s.session_id IS NOT NULL), '{}') \
+                 FROM connections c JOIN replicas r ON r.id = c.replica \
+                 LEFT JOIN sessions s ON s.connection_id = c.connection_id \
+                      AND s.replica = c.replica AND s.state <> 'ended' \
+                 WHERE c.replica <> $1 AND c.connection_id <> '' \
+                 AND r.seen_at > now() - $2::BIGINT * interval '1 millisecond' \
+                 GROUP BY c.executor_id, c.connection_id, c.replica, c.written_at \
+                 ORDER BY c.executor_id COLLATE \"C\" LIMIT $3",
+                &[&self.id, &alive, &limit],
+            )
+        })?;
+        rows.iter()
+            .map(|r| {
+                Ok(ExecutorRow {
+                    executor_id: r.try_get(0)?,
+                    connection_id: r.try_get(1)?,
+                    replica: r.try_get(2)?,
+                    connected_at_ms: super::postgres::ms(r.try_get(3)?)?,
+                    active_sessions: r.try_get(4)?,
+                })
+            })
+            .collect()
     }
 
     fn owner(
