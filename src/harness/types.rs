@@ -26,6 +26,11 @@ pub struct ExecutorView {
     pub protocol: Option<String>,
     #[serde(default)]
     pub capabilities: Capabilities,
+    /// Over several replicas (docs/store.md, "Several replicas"): the id
+    /// of the replica holding the connection. Absent without replicas, so
+    /// a single harness answers as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 /// Where a session is in its life; its rules are in [`crate::lease::session_view`].

@@ -5,6 +5,7 @@ pub mod artifacts;
 pub mod backups;
 pub mod drain;
 pub mod enrollments;
+pub mod executors;
 pub mod files;
 pub mod listing;
 pub mod mcp;

@@ -4,14 +4,18 @@
 //! that holds it, rather than redirected: a platform then needs one URL
 //! and no redirect handling for POSTs with bodies.
 //!
-//! The owner comes from the database (`sessions.replica`, or
-//! `connections.replica` for a create naming an executor), joined with
-//! `replicas`: a replica not seen for a lease TTL is dead and is not
-//! forwarded to (the call is then answered here, as without replicas).
-//! The forwarded call carries this harness's API token (replicas of one
-//! platform share it) and a marker header, so it is never forwarded
-//! twice. Only plain HTTP calls are forwarded: WebSocket upgrades
-//! (event streams, relays) are answered here.
+//! The owner comes from the database (`sessions.replica` for
+//! `/v1/sessions/{id}/…`, `connections.replica` for a create naming an
+//! executor and for `/v1/executors/{id}/…` of an executor not connected
+//! here), joined with `replicas`: a replica not seen for a lease TTL is
+//! dead and is not forwarded to (the call is then answered here, as
+//! without replicas). The forwarded call carries this harness's API token
+//! (replicas of one platform share it) and a marker header, so it is
+//! never forwarded twice. WebSocket upgrades on those paths (the event
+//! stream, a terminal attach) are forwarded too, frame by frame
+//! ([`super::forward_ws`]). The relay routes (`/v1/relay/…`) are not:
+//! their one-time tickets live in the replica that minted them, whose
+//! URL the ticket's holder was given.
 //!
 //! `GET /v1/sessions/{id}` of a session neither this replica nor any live
 //! one holds is answered from the database's row (a dead replica's
@@ -38,6 +42,29 @@ pub const FORWARDED: &str = "x-bmx-forwarded-by";
 /// never refused here.
 const CREATE_BODY_MAX: usize = 2 << 20;
 
+/// The request headers a forwarded call carries on (what the routes it
+/// may reach read): an SSE resume point (`Last-Event-ID`) and an MCP
+/// session among them. Not `Authorization` (the forward carries this
+/// harness's own token), nor hop-by-hop ones.
+const REQUEST_HEADERS: [&str; 6] = [
+    "content-type",
+    "accept",
+    "if-match",
+    "if-none-match",
+    "last-event-id",
+    crate::harness::http::mcp::SESSION_HEADER,
+];
+
+/// The answer headers handed back; `x-accel-buffering: no` keeps a proxy
+/// in front of this replica from buffering a forwarded event stream.
+const ANSWER_HEADERS: [&str; 5] = [
+    "content-type",
+    "cache-control",
+    "etag",
+    "x-accel-buffering",
+    crate::harness::http::mcp::SESSION_HEADER,
+];
+
 /// Who to ask for the owner of a call.
 enum Owner {
     /// A session, and the fencing token a newer grant must exceed.
@@ -52,7 +79,13 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     let Some(replica) = shared.replica.get() else {
         return next.run(req).await;
     };
-    if req.headers().contains_key(FORWARDED) || req.headers().contains_key(header::UPGRADE) {
+    if req.headers().contains_key(FORWARDED) {
+        return next.run(req).await;
+    }
+    // A WebSocket upgrade is forwarded as a WebSocket; any other upgrade
+    // is answered here.
+    let ws = super::relay::ws_accept(req.headers()).is_some();
+    if req.headers().contains_key(header::UPGRADE) && !ws {
         return next.run(req).await;
     }
     let path = req.uri().path().to_owned();
@@ -70,7 +103,15 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
             Some(_) => return next.run(req).await,
         };
         (req, Owner::Session(id, above))
-    } else if path == "/v1/sessions" && req.method() == Method::POST {
+    } else if let Some(rest) = path.strip_prefix("/v1/executors/") {
+        // Terminals, drains: the replica the executor is connected to.
+        let id = rest.split('/').next().unwrap_or_default();
+        if id.is_empty() || shared.executors.contains_key(id) {
+            return next.run(req).await;
+        }
+        let id = id.to_owned();
+        (req, Owner::Executor(id))
+    } else if path == "/v1/sessions" && req.method() == Method::POST && !ws {
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, CREATE_BODY_MAX).await {
             Ok(b) => b,
@@ -128,18 +169,27 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
         Err(e) => return ApiError::internal(e.to_string()).into_response(),
     };
     let span = tracing::debug_span!("forward", to = %to, %path);
+    if ws {
+        return super::forward_ws::forward(&app, req, &to, &url)
+            .instrument(span)
+            .await;
+    }
     match send(&app, req, &url).instrument(span).await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "forwarding to the owning replica failed");
-            ApiError::with_status(
-                502,
-                crate::wire::RpcError::internal(format!("replica {to} did not answer"))
-                    .with_reason("replica_unreachable"),
-            )
-            .into_response()
+            unreachable(&to).into_response()
         }
     }
+}
+
+/// 502 `replica_unreachable`: the replica holding the call did not answer.
+pub(crate) fn unreachable(to: &str) -> ApiError {
+    ApiError::with_status(
+        502,
+        crate::wire::RpcError::internal(format!("replica {to} did not answer"))
+            .with_reason("replica_unreachable"),
+    )
 }
 
 /// Answer `GET /v1/sessions/{id}` with the database's row of `id`, or as
@@ -180,8 +230,8 @@ async fn send(app: &App, req: Request, base: &str) -> Result<Response, reqwest::
         .request(parts.method.clone(), target)
         .header(FORWARDED, me)
         .body(reqwest::Body::wrap_stream(body.into_data_stream()));
-    for name in [header::CONTENT_TYPE, header::ACCEPT, header::IF_MATCH] {
-        if let Some(v) = parts.headers.get(&name) {
+    for name in REQUEST_HEADERS {
+        if let Some(v) = parts.headers.get(name) {
             out = out.header(name, v.clone());
         }
     }
@@ -190,8 +240,8 @@ async fn send(app: &App, req: Request, base: &str) -> Result<Response, reqwest::
     }
     let resp = out.send().await?;
     let mut answer = Response::builder().status(resp.status().as_u16());
-    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL, header::ETAG] {
-        if let Some(v) = resp.headers().get(&name) {
+    for name in ANSWER_HEADERS {
+        if let Some(v) = resp.headers().get(name) {
             answer = answer.header(name, v.clone());
         }
     }

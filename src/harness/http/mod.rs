@@ -5,6 +5,7 @@ pub mod console;
 pub mod enrollments;
 pub mod files;
 pub mod forward;
+pub mod forward_ws;
 pub mod listener;
 pub mod mcp;
 pub mod openapi;
@@ -512,6 +513,7 @@ pub(crate) fn executor_views(shared: &Shared) -> Vec<ExecutorView> {
                 last_heartbeat_at: e.last_heartbeat_at.clone(),
                 protocol: Some(e.link.version().as_str().to_owned()),
                 capabilities: e.capabilities.clone(),
+                replica: None,
             }
         })
         .collect();
@@ -519,8 +521,33 @@ pub(crate) fn executor_views(shared: &Shared) -> Vec<ExecutorView> {
     v
 }
 
-async fn list_executors(State(app): State<App>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "executors": executor_views(&app.shared) }))
+/// `GET /v1/executors`. Over several replicas, every live replica's
+/// executors (this replica's own as it holds them, the others' from the
+/// database: [`crate::harness::api::executors`]), each with its
+/// `replica`; a database that fails answers 503 `store_unavailable`
+/// rather than a list that silently lacks the others'. A call carrying
+/// the forwarded marker asks what this replica holds itself.
+async fn list_executors(
+    State(app): State<App>,
+    headers: http::HeaderMap,
+) -> Result<Response, ApiError> {
+    use crate::harness::api::executors::{from_row, merge};
+    use crate::harness::store::pg_replicas::EXECUTORS_MAX;
+    let local = executor_views(&app.shared);
+    let Some(r) = app.shared.replica.get() else {
+        return Ok(Json(serde_json::json!({ "executors": local })).into_response());
+    };
+    let stored = if headers.contains_key(forward::FORWARDED) {
+        Vec::new()
+    } else {
+        let (db, alive) = (r.db.clone(), app.shared.config.lease_ttl_ms);
+        tokio::task::spawn_blocking(move || db.executors_elsewhere(alive, EXECUTORS_MAX))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?
+            .map_err(|e| crate::harness::actors::leases::store_unavailable(e.to_string()))?
+    };
+    let all = merge(local, stored.into_iter().map(from_row).collect(), r.db.id());
+    Ok(Json(serde_json::json!({ "executors": all })).into_response())
 }
 
 /// `POST /v1/executors/{id}/drain` → the executor's `{accepted,

@@ -371,7 +371,11 @@ fn turn_paths() -> Value {
         let m = r.as_object_mut().expect("object");
         m.insert("400".into(), err("bad after / Last-Event-ID, or after beyond the last event (reason after_beyond_last)"));
         m.insert("404".into(), err("unknown session (-32011)"));
-        m.insert("429".into(), err("the session has its maximum of stream clients (64; -32015, reason too_many_subscribers)"));
+        m.insert("429".into(), err("the session has its maximum of stream clients (64; -32015, reason too_many_subscribers), or (WebSocket forwarded to another replica) this replica's max_relays are in use (reason relays_full)"));
+        m.insert(
+            "502".into(),
+            err("the replica holding the session did not answer (reason replica_unreachable)"),
+        );
         r
     };
     let turn_errors = |r: Value| {
@@ -415,7 +419,7 @@ fn turn_paths() -> Value {
           "responses": stream_errors(json!({"200": {"description": "text/event-stream of StreamItem", "content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/StreamItem"}}}}}))}},
       "/v1/sessions/{id}/events/ws": {
         "parameters": [sid(), after, last_id],
-        "get": {"summary": "The same stream over a WebSocket: one StreamItem JSON text frame each; closed with 1000 after end, 1013 after error; pings every 15 s",
+        "get": {"summary": "The same stream over a WebSocket: one StreamItem JSON text frame each; closed with 1000 after end, 1013 after error; pings every 15 s. Over several replicas, made on any replica: passed on frame by frame to the one holding the session (1011 when that replica is lost)",
           "responses": stream_errors(json!({"101": {"description": "switching protocols"}}))}},
       "/v1/sessions/{id}/interactions": {
         "parameters": [sid()],
@@ -565,7 +569,7 @@ fn terminal_errors(mut responses: Value) -> Value {
     );
     m.insert(
         "502".into(),
-        err("the executor connection closed mid-request (reason executor_lost)"),
+        err("the executor connection closed mid-request (reason executor_lost), or the replica holding the executor did not answer (reason replica_unreachable)"),
     );
     m.insert(
         "503".into(),
@@ -619,7 +623,7 @@ fn terminal_paths() -> Value {
           {"name": "fromSeq", "in": "query", "schema": {"type": "integer"}, "description": "replay from this seq (default: the oldest retained chunk)"},
           {"name": "write", "in": "query", "schema": {"type": "string", "enum": ["0", "1", "true", "false"], "default": "0"}, "description": "take the writer role (a new epoch above every earlier one)"},
           {"name": "streamId", "in": "query", "schema": {"type": "string"}, "description": "default: a fresh v-<uuid>"}],
-        "get": {"summary": "WebSocket: the terminal's binary frames (PROTOCOL.md §8: byte 0 op 1 output / 2 input / 3 snapshot, empty snapshot = gap; bytes 1-8 seq u64 BE; data), relayed from the executor's host stream. Text frames: viewer → {\"type\":\"resize\",\"cols\",\"rows\"}; harness → attached, resized, error, exited notices. Close 1000 'exited N' when the program ends, 4100 terminal closed, 4102 executor stream ended, 1001 harness shutdown, 1009 frame too large. Subprotocol bmx.terminal.v1 is echoed when offered.",
+        "get": {"summary": "WebSocket: the terminal's binary frames (PROTOCOL.md §8: byte 0 op 1 output / 2 input / 3 snapshot, empty snapshot = gap; bytes 1-8 seq u64 BE; data), relayed from the executor's host stream. Text frames: viewer → {\"type\":\"resize\",\"cols\",\"rows\"}; harness → attached, resized, error, exited notices. Close 1000 'exited N' when the program ends, 4100 terminal closed, 4102 executor stream ended, 1001 harness shutdown, 1009 frame too large. Subprotocol bmx.terminal.v1 is echoed when offered. Over several replicas, made on any replica: passed on frame by frame to the one the executor is connected to (1011 when that replica is lost).",
           "responses": terminal_errors(json!({"101": {"description": "switching protocols"}}))}},
       "/v1/sessions/{id}/display/rfb": {
         "parameters": [sid()],
@@ -663,10 +667,11 @@ fn base() -> Value {
               "message": {"type": "string"},
               "data": {"type": "object", "properties": {"reason": {"type": "string"}, "retryable": {"type": "boolean"}, "detail": {"type": "string"}, "capability": {"type": "string"}}}}}}},
           "Executor": {"type": "object", "properties": {
-              "executorId": {"type": "string"}, "connectionId": {"type": "string"}, "state": {"type": "string", "enum": ["ready"]},
+              "executorId": {"type": "string"}, "connectionId": {"type": "string"}, "state": {"type": "string", "enum": ["ready", "draining"]},
               "name": {"type": "string"}, "version": {"type": "string"}, "activeSessions": {"type": "array", "items": {"type": "string"}},
               "connectedAt": {"type": "string", "format": "date-time"}, "lastHeartbeatAt": {"type": "string", "format": "date-time"},
-              "protocol": {"type": "string"}, "capabilities": {"type": "object"}}},
+              "protocol": {"type": "string"}, "capabilities": {"type": "object"},
+              "replica": {"type": "string", "description": "over several replicas: the replica holding the connection. An executor of another replica is listed from the shared database: executorId, connectionId, connectedAt, activeSessions and replica; state ready; name and version empty; no lastHeartbeatAt, protocol or capabilities"}}},
           "DrainExecutor": {"type": "object", "properties": {
               "reason": {"type": "string", "minLength": 1, "maxLength": 256, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$", "description": "default operator"},
               "deadlineMs": {"type": "integer", "maximum": 86400000, "description": "how long running sessions may go on (default: the executor's)"}}},
@@ -739,12 +744,12 @@ fn base() -> Value {
         "/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3 document"}}}},
         "/v1/health": {"get": {"summary": "Liveness", "responses": {"200": {"description": "{\"ok\": true}"}}}},
         "/metrics": {"get": {"summary": "Metrics (OpenMetrics text; docs/reliability.md)", "responses": {"200": {"description": "application/openmetrics-text; version=1.0.0"}}}},
-        "/v1/executors": {"get": {"summary": "Live executor connections", "responses": {"200": ok("executors", "Executors")}}},
+        "/v1/executors": {"get": {"summary": "Live executor connections; over several replicas every live replica's (the others' from the database), each with its replica", "responses": {"200": ok("executors", "Executors"), "503": err("the shared database failed (reason store_unavailable)")}}},
         "/v1/executors/{id}/drain": {
           "parameters": [eid()],
           "post": {"summary": "executor.drain: the executor refuses new sessions, lets its sessions run until the deadline, stops the rest and closes with 1001; the harness places no new session on it (state draining)",
             "requestBody": body("DrainExecutor", false),
-            "responses": {"200": ok("the executor's answer", "DrainResult"), "400": err("bad reason or deadlineMs"), "404": err("no such executor connected (reason unknown_executor)"), "504": err("the executor did not answer")}}},
+            "responses": {"200": ok("the executor's answer", "DrainResult"), "400": err("bad reason or deadlineMs"), "404": err("no such executor connected (reason unknown_executor)"), "502": err("the replica holding the executor did not answer (reason replica_unreachable)"), "504": err("the executor did not answer")}}},
         "/v1/sessions": {
           "get": {"summary": "Sessions (live and recently ended), one page by session id; over several replicas every replica's (from the database)",
             "parameters": [{"name": "after", "in": "query", "schema": {"type": "string"}, "description": "list ids above this one (the previous page's next)"},
