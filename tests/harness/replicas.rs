@@ -23,6 +23,13 @@
 //!   executor came back is not taken over: the executor is told to stop it.
 //! * Listings: each replica lists every replica's sessions (from the
 //!   database), one page at a time by id.
+//! * Executor listings: each replica lists every live replica's executors
+//!   with the replica holding each (the others' from the database), and
+//!   stops listing one whose connection ended.
+//! * Streams on any replica: a terminal of B's executor opened and
+//!   attached through A (typed into, read, closed with the program's exit
+//!   code); A's session's event stream through B, as a WebSocket and as
+//!   Server-Sent Events, live; then A unreachable: 502 before an upgrade.
 //! * The sweep: a dead replica's session whose executor never comes back
 //!   is ended by a live replica (`lease_expired`, the same grant), not
 //!   before its lease ran out by the database's clock, and reads so on
@@ -136,9 +143,23 @@ where
     }
 }
 
-/// Whether `client`'s harness lists executor `id` as connected.
-async fn lists(client: &ApiClient, id: &str) -> bool {
-    let Ok((200, v)) = client.get("/v1/executors").await else {
+/// Whether the replica on `port` holds executor `id`'s connection
+/// itself: asked with the forwarded marker, a replica lists only its own
+/// (without it, every live replica's).
+async fn holds(port: u16, id: &str) -> bool {
+    let Ok(r) = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/v1/executors"))
+        .header("x-bmx-forwarded-by", "test")
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+    else {
+        return false;
+    };
+    let Ok(body) = r.bytes().await else {
+        return false;
+    };
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&body) else {
         return false;
     };
     v["executors"]
@@ -157,7 +178,6 @@ fn client(port: u16) -> ApiClient {
 /// second), registered: their workspaces (kept while the test runs), the
 /// processes and the ids.
 async fn one_executor_each(
-    clients: &[ApiClient; 2],
     ports: [u16; 2],
 ) -> ([tempfile::TempDir; 2], [Proc; 2], [&'static str; 2]) {
     let work = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
@@ -166,9 +186,9 @@ async fn one_executor_each(
         executor(ports[1], "tok-b", work[1].path()),
     ];
     let exec_ids = ["ex-a", "ex-b"];
-    for (c, id) in clients.iter().zip(exec_ids) {
+    for (&port, id) in ports.iter().zip(exec_ids) {
         until("the executor to register", || async {
-            lists(c, id).await.then_some(())
+            holds(port, id).await.then_some(())
         })
         .await;
     }
@@ -256,13 +276,22 @@ async fn one_connection_per_executor_id_across_replicas() {
         let winner = 1 - loser;
         // The winner's replica lists it; the loser's replica no longer does.
         until("the winner listed by its replica", || async {
-            lists(&clients[winner], "ex-same").await.then_some(())
+            holds(ports[winner], "ex-same").await.then_some(())
         })
         .await;
         until("the loser's replica to forget it", || async {
-            (!lists(&clients[loser], "ex-same").await).then_some(())
+            (!holds(ports[loser], "ex-same").await).then_some(())
         })
         .await;
+        // Both list it once, as the winner's.
+        let want = pairs(&[("ex-same", ["replica-a", "replica-b"][winner])]);
+        for c in &clients {
+            until("the executor listed as the winner's", || async {
+                let (_, v) = c.get("/v1/executors").await.ok()?;
+                (held_by(&v) == want).then_some(())
+            })
+            .await;
+        }
         assert!(
             execs[winner].exited().is_none(),
             "round {round}: both executors were closed"
@@ -281,16 +310,16 @@ async fn one_connection_per_executor_id_across_replicas() {
             "round {round}: the older connection was not closed with 4004"
         );
         until("the newer connection listed", || async {
-            lists(&clients[loser], "ex-same").await.then_some(())
+            holds(ports[loser], "ex-same").await.then_some(())
         })
         .await;
         until("the winner's replica to forget it", || async {
-            (!lists(&clients[winner], "ex-same").await).then_some(())
+            (!holds(ports[winner], "ex-same").await).then_some(())
         })
         .await;
         assert_eq!(newer.term().code(), Some(0));
         until("the executor gone", || async {
-            (!lists(&clients[loser], "ex-same").await).then_some(())
+            (!holds(ports[loser], "ex-same").await).then_some(())
         })
         .await;
     }
@@ -306,7 +335,7 @@ async fn one_grant_per_session_across_replicas() {
     };
     let data = tempfile::tempdir().unwrap();
     let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
-    let (_work, execs, exec_ids) = one_executor_each(&clients, ports).await;
+    let (_work, execs, exec_ids) = one_executor_each(ports).await;
 
     for n in 0..5 {
         let session = format!("race-{n}");
@@ -378,10 +407,10 @@ async fn calls_on_any_replica_reach_the_sessions_executor() {
     // The executor is connected to replica B only.
     let exec = executor(ports[1], "tok-b", work.path());
     until("the executor on B", || async {
-        lists(&clients[1], "ex-b").await.then_some(())
+        holds(ports[1], "ex-b").await.then_some(())
     })
     .await;
-    assert!(!lists(&clients[0], "ex-b").await);
+    assert!(!holds(ports[0], "ex-b").await);
 
     // Everything through replica A.
     let a = &clients[0];
@@ -498,6 +527,19 @@ fn unseen_for(db: &str, replica: &str, ms: i64) -> bool {
     .unwrap()
 }
 
+/// Whether `replica` has its liveness row (its listener polled once).
+fn seen(db: &str, replica: &str) -> bool {
+    let (db, replica) = (db.to_owned(), replica.to_owned());
+    std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
+        c.query_opt("SELECT 1 FROM replicas WHERE id = $1", &[&replica])
+            .unwrap()
+            .is_some()
+    })
+    .join()
+    .unwrap()
+}
+
 /// Stdout of process `pid` of `session` from byte 0, through `client`:
 /// (bytes, gap seen, state).
 async fn output(client: &ApiClient, session: &str, pid: &str) -> (Vec<u8>, bool, String) {
@@ -548,7 +590,7 @@ async fn a_dead_replicas_sessions_are_taken_over() {
     let marks = tempfile::tempdir().unwrap();
     let mut exec = executor(fwd.port, "tok-a", work.path());
     until("the executor on A", || async {
-        lists(&a, "ex-a").await.then_some(())
+        holds(ports[0], "ex-a").await.then_some(())
     })
     .await;
 
@@ -610,7 +652,7 @@ async fn a_dead_replicas_sessions_are_taken_over() {
     );
 
     until("the executor on B", || async {
-        lists(&b, "ex-a").await.then_some(())
+        holds(ports[1], "ex-a").await.then_some(())
     })
     .await;
     let taken = until("B to hold the session", || async {
@@ -727,6 +769,16 @@ async fn a_session_on_a(db: &str, data: &Path, session: &str, ttl_ms: u64) -> On
         let c = client(p);
         until("a replica to answer", || async {
             c.get("/v1/health").await.ok().filter(|r| r.0 == 200)
+        })
+        .await;
+    }
+    // Both live by the database (their listeners polled once, which a
+    // busy machine may delay past the first API calls): a replica that
+    // dies below was seen alive first.
+    for id in ["replica-a", "replica-b"] {
+        until("the replica's liveness row", || {
+            let live = seen(db, id);
+            async move { live.then_some(()) }
         })
         .await;
     }
@@ -919,7 +971,7 @@ async fn every_replica_lists_every_replicas_sessions() {
     };
     let data = tempfile::tempdir().unwrap();
     let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
-    let (_work, execs, exec_ids) = one_executor_each(&clients, ports).await;
+    let (_work, execs, exec_ids) = one_executor_each(ports).await;
     // Two sessions through A (on its executor), one through B.
     for (i, session) in [(0, "list-a-1"), (0, "list-a-2"), (1, "list-b-1")] {
         let (status, s) = clients[i]
@@ -990,5 +1042,317 @@ async fn every_replica_lists_every_replicas_sessions() {
     }
     for p in procs {
         assert!(p.term().success());
+    }
+}
+
+/// `(executorId, replica)` of each entry of a `GET /v1/executors` answer.
+fn held_by(v: &serde_json::Value) -> Vec<(String, String)> {
+    v["executors"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| {
+                    let s = |k: &str| e[k].as_str().unwrap_or_default().to_owned();
+                    (s("executorId"), s("replica"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pairs(want: &[(&str, &str)]) -> Vec<(String, String)> {
+    want.iter()
+        .map(|(e, r)| ((*e).to_owned(), (*r).to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_lists_every_replicas_executors() {
+    let Some(db) = super::pg_support::fresh("replicas_executors") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
+    let (_work, [exec_a, exec_b], _) = one_executor_each(ports).await;
+    let both = pairs(&[("ex-a", "replica-a"), ("ex-b", "replica-b")]);
+    for c in &clients {
+        let v = until("both executors listed with their replicas", || async {
+            let (status, v) = c.get("/v1/executors").await.ok()?;
+            (status == 200 && held_by(&v) == both).then_some(v)
+        })
+        .await;
+        for e in v["executors"].as_array().unwrap() {
+            assert!(
+                e["connectionId"].as_str().is_some_and(|c| !c.is_empty()),
+                "{e}"
+            );
+            assert!(
+                e["connectedAt"].as_str().is_some_and(|t| t.ends_with('Z')),
+                "{e}"
+            );
+            assert_eq!(e["state"], "ready", "{e}");
+        }
+    }
+    // A session on ex-b, created through B: A lists it among ex-b's
+    // sessions (the database's rows), B as it holds it.
+    let (status, s) = clients[1]
+        .post(
+            "/v1/sessions",
+            &json!({"sessionId": "exs-1", "executorId": "ex-b"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{s}");
+    for c in &clients {
+        until("ex-b listed with its session", || async {
+            let (_, v) = c.get("/v1/executors").await.ok()?;
+            v["executors"]
+                .as_array()?
+                .iter()
+                .any(|e| e["executorId"] == "ex-b" && e["activeSessions"] == json!(["exs-1"]))
+                .then_some(())
+        })
+        .await;
+    }
+    let (status, ended) = clients[0].delete("/v1/sessions/exs-1").await.unwrap();
+    assert_eq!(status, 200, "{ended}");
+    // ex-b's executor leaves B: neither replica lists it any more.
+    assert_eq!(exec_b.term().code(), Some(0));
+    let only_a = pairs(&[("ex-a", "replica-a")]);
+    for c in &clients {
+        until("ex-b no longer listed", || async {
+            let (status, v) = c.get("/v1/executors").await.ok()?;
+            (status == 200 && held_by(&v) == only_a).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(exec_a.term().code(), Some(0));
+    for p in procs {
+        assert!(p.term().success());
+    }
+}
+
+/// What a terminal viewer received so far.
+#[derive(Default)]
+struct Seen {
+    out: Vec<u8>,
+    notices: Vec<serde_json::Value>,
+    close: Option<(u16, String)>,
+}
+
+/// Read the viewer's socket into `seen` until `done` holds, at most [`WAIT`].
+async fn read_until(
+    ws: &mut bmx::client::TerminalSocket,
+    seen: &mut Seen,
+    what: &str,
+    done: impl Fn(&Seen) -> bool,
+) {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let deadline = Instant::now() + WAIT;
+    while !done(seen) {
+        let out = String::from_utf8_lossy(&seen.out).into_owned();
+        assert!(
+            seen.close.is_none(),
+            "{what}: closed {:?}; output {out:?}",
+            seen.close
+        );
+        let left = deadline.saturating_duration_since(Instant::now());
+        let m = tokio::time::timeout(left, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within {WAIT:?}; output {out:?}"));
+        match m {
+            Some(Ok(Message::Binary(b))) => {
+                if let Some((_, _, d)) = bmx::terminal::frame::parse(&b) {
+                    seen.out.extend_from_slice(&d);
+                }
+            }
+            Some(Ok(Message::Text(t))) => seen.notices.push(serde_json::from_str(&t).unwrap()),
+            Some(Ok(Message::Close(f))) => {
+                seen.close = Some(
+                    f.map(|f| (u16::from(f.code), f.reason.to_string()))
+                        .unwrap_or((1005, String::new())),
+                );
+            }
+            None | Some(Err(_)) => seen.close = Some((1006, "gone".into())),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_attached_through_any_replica_reaches_its_executor() {
+    use bmx::terminal::frame::{self, OP_INPUT};
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let Some(db) = super::pg_support::fresh("replicas_terminal") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
+    let work = tempfile::tempdir().unwrap();
+    // The executor is connected to replica B only; everything goes
+    // through A.
+    let exec = executor(ports[1], "tok-b", work.path());
+    until("the executor on B", || async {
+        holds(ports[1], "ex-b").await.then_some(())
+    })
+    .await;
+    let a = &clients[0];
+    let (status, t) = a
+        .open_terminal("ex-b", &json!({"terminalId": "t1", "argv": ["/bin/sh"]}))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{t}");
+    let opts = bmx::client::AttachOptions {
+        write: true,
+        ..Default::default()
+    };
+    let mut ws = a.attach_terminal("ex-b", "t1", &opts).await.unwrap();
+    let mut seen = Seen::default();
+    read_until(&mut ws, &mut seen, "the attached notice", |s| {
+        s.notices.iter().any(|n| n["type"] == "attached")
+    })
+    .await;
+    let typed = |s: &str| Message::Binary(frame::frame(OP_INPUT, 0, s.as_bytes()));
+    ws.send(typed("echo hi-$((6*7))\n")).await.unwrap();
+    read_until(&mut ws, &mut seen, "the echo's output", |s| {
+        String::from_utf8_lossy(&s.out).contains("hi-42")
+    })
+    .await;
+    // The program ends: B's close (code and reason) passes through A.
+    ws.send(typed("exit 3\n")).await.unwrap();
+    read_until(&mut ws, &mut seen, "the close", |s| s.close.is_some()).await;
+    assert_eq!(seen.close, Some((1000, "exited 3".into())));
+    assert_eq!(exec.term().code(), Some(0));
+    for p in procs {
+        assert!(p.term().success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_through_any_replica_and_an_unreachable_owner() {
+    use bmx::wire::types::{StopParams, StopResult};
+    use bmx::wire::{Method, Responder};
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let Some(db) = super::pg_support::fresh("replicas_events") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let OnA {
+        mut a,
+        b,
+        ports,
+        mut fake,
+        ..
+    } = a_session_on_a(&db.url, data.path(), "ev-1", 20_000).await;
+    let events = format!("127.0.0.1:{}/v1/sessions/ev-1/events", ports[1]);
+    // Through B: the WebSocket and the Server-Sent Events of A's session.
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{events}/ws"))
+        .await
+        .unwrap();
+    let sse = reqwest::Client::new()
+        .get(format!("http://{events}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    let mut sse = Box::pin(sse.bytes_stream());
+    super::harness_common::send_event(
+        &fake,
+        "ev-1",
+        "t1",
+        1,
+        json!({"type": "agent.message", "text": "said-on-a"}),
+    )
+    .await
+    .unwrap();
+    let first = text_frame(&mut ws).await;
+    assert_eq!(first["kind"], "event", "{first}");
+    assert_eq!(first["sequence"], 1, "{first}");
+    assert!(first.to_string().contains("said-on-a"), "{first}");
+    // The SSE stream carries it while it is still open: streamed through
+    // B, not buffered until its end.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while !String::from_utf8_lossy(&got).contains("said-on-a") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, sse.next()).await {
+            Ok(Some(Ok(c))) => got.extend_from_slice(&c),
+            other => panic!(
+                "no event on the SSE stream ({other:?}): {:?}",
+                String::from_utf8_lossy(&got)
+            ),
+        }
+    }
+    // The session ends (stopped through B, on A): the stream's end and
+    // A's close frame pass through B.
+    let stop = {
+        let b = client(ports[1]);
+        tokio::spawn(async move { b.delete("/v1/sessions/ev-1").await.unwrap() })
+    };
+    let (p, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
+    assert_eq!(p.session_id, "ev-1");
+    r.ok(&StopResult { stopped: true });
+    let _: serde_json::Value = fake
+        .call(
+            Method::SessionEnded,
+            &json!({"sessionId": "ev-1", "reason": "stopped"}),
+        )
+        .await
+        .unwrap();
+    let (status, ended) = stop.await.unwrap();
+    assert_eq!(status, 200, "{ended}");
+    let end = text_frame(&mut ws).await;
+    assert_eq!(end["kind"], "end", "{end}");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Close(Some(f))))) => {
+                assert_eq!(u16::from(f.code), 1000, "{f:?}");
+                break;
+            }
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    }
+
+    // A is gone but not yet dead by the database (seen within the TTL):
+    // an upgrade through B is refused with 502, before any upgrade.
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    match tokio_tungstenite::connect_async(format!("ws://{events}/ws")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status(), 502);
+            let body: serde_json::Value =
+                serde_json::from_slice(resp.body().as_deref().unwrap_or_default()).unwrap();
+            assert_eq!(
+                body["error"]["data"]["reason"], "replica_unreachable",
+                "{body}"
+            );
+        }
+        other => panic!("not refused with 502: {other:?}"),
+    }
+    assert!(b.term().success());
+}
+
+/// The next text frame of an event WebSocket, as JSON (pings skipped),
+/// at most [`WAIT`].
+async fn text_frame<S>(ws: &mut tokio_tungstenite::WebSocketStream<S>) -> serde_json::Value
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => return serde_json::from_str(&t).unwrap(),
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
+            other => panic!("no text frame: {other:?}"),
+        }
     }
 }
