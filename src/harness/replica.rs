@@ -212,12 +212,20 @@ pub(crate) fn ended_expired(stored: StoredSession) -> StoredSession {
     }
 }
 
+/// Ended connections blanked in the database at once at most
+/// ([`Replica::connection_ended`]): the store has one connection, so more
+/// would only hold blocking threads waiting for it (a replica stopping
+/// with 10 000 executors ends them all at once).
+const ENDING_AT_ONCE: usize = 4;
+
 /// The replica state of one harness.
 pub struct Replica {
     pub db: Arc<PgReplicas>,
     pub gens: Generations,
     /// Forwarded API calls go out on it (`crate::harness::http::forward`).
     pub http: reqwest::Client,
+    /// Places for [`Replica::connection_ended`]'s writes.
+    ending: Arc<tokio::sync::Semaphore>,
 }
 
 impl Replica {
@@ -226,6 +234,7 @@ impl Replica {
             db,
             gens: Generations::default(),
             http: crate::harness::http::forward::client(),
+            ending: Arc::new(tokio::sync::Semaphore::new(ENDING_AT_ONCE)),
         }
     }
 
@@ -268,21 +277,33 @@ impl Replica {
     /// This replica's connection `connection_id` of `executor_id` ended:
     /// blank it in the database ([`PgReplicas::connection_ended`]), so no
     /// other replica lists the executor as connected here or forwards to
-    /// it. In the background: the socket is gone either way, and a write
-    /// that fails (logged) leaves the row listed until the executor
-    /// connects again or this replica is dead (a lease TTL unseen).
+    /// it. In the background, [`ENDING_AT_ONCE`] at a time (the waiting
+    /// ones are at most one per connection that ended): the socket is gone
+    /// either way, and a write that fails (logged) leaves the row listed
+    /// until the executor connects again or this replica is dead (a lease
+    /// TTL unseen).
     pub fn connection_ended(&self, executor_id: &str, connection_id: &str) {
-        let db = self.db.clone();
+        let (db, ending) = (self.db.clone(), self.ending.clone());
         let (exec, conn) = (executor_id.to_owned(), connection_id.to_owned());
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        rt.spawn_blocking(move || match db.connection_ended(&exec, &conn) {
-            Ok(true) => tracing::debug!(executor_id = %exec, connection_id = %conn,
-                "connection marked ended in the store"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(executor_id = %exec, connection_id = %conn, error = %e,
-                "cannot mark the connection ended in the store; other replicas list it until it reconnects or this replica is unseen for a lease TTL"),
+        rt.spawn(async move {
+            let Ok(_place) = ending.acquire_owned().await else {
+                return;
+            };
+            let (e, c) = (exec.clone(), conn.clone());
+            let done = tokio::task::spawn_blocking(move || db.connection_ended(&e, &c)).await;
+            match done {
+                Ok(Ok(true)) => tracing::debug!(executor_id = %exec, connection_id = %conn,
+                    "connection marked ended in the store"),
+                Ok(Ok(false)) => {}
+                Ok(Err(e)) => tracing::warn!(executor_id = %exec, connection_id = %conn,
+                    error = %e, "cannot mark the connection ended in the store; other \
+                    replicas list it until it reconnects or this replica is unseen for a \
+                    lease TTL"),
+                Err(e) => tracing::warn!(error = %e, "marking a connection ended failed"),
+            }
         });
     }
 
