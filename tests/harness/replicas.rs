@@ -29,7 +29,8 @@
 //! * Streams on any replica: a terminal of B's executor opened and
 //!   attached through A (typed into, read, closed with the program's exit
 //!   code); A's session's event stream through B, as a WebSocket and as
-//!   Server-Sent Events, live; then A unreachable: 502 before an upgrade.
+//!   Server-Sent Events, live; an offer of a subprotocol the route does
+//!   not speak refused (400); then A unreachable: 502 before an upgrade.
 //! * The sweep: a dead replica's session whose executor never comes back
 //!   is ended by a live replica (`lease_expired`, the same grant), not
 //!   before its lease ran out by the database's clock, and reads so on
@@ -1235,6 +1236,7 @@ async fn event_streams_through_any_replica_and_an_unreachable_owner() {
     use bmx::wire::types::{StopParams, StopResult};
     use bmx::wire::{Method, Responder};
     use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message;
     let Some(db) = super::pg_support::fresh("replicas_events") else {
         return;
@@ -1317,6 +1319,26 @@ async fn event_streams_through_any_replica_and_an_unreachable_owner() {
             Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => {}
             other => panic!("no close frame: {other:?}"),
         }
+    }
+
+    // A subprotocol the route does not speak: A upgrades without one,
+    // which the client would fail; B answers 400 before an upgrade.
+    let mut offer = format!("ws://{events}/ws").into_client_request().unwrap();
+    offer.headers_mut().insert(
+        "sec-websocket-protocol",
+        http::HeaderValue::from_static("bmx.nothing"),
+    );
+    match tokio_tungstenite::connect_async(offer).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status(), 400);
+            let body: serde_json::Value =
+                serde_json::from_slice(resp.body().as_deref().unwrap_or_default()).unwrap();
+            assert_eq!(
+                body["error"]["data"]["reason"], "no_common_subprotocol",
+                "{body}"
+            );
+        }
+        other => panic!("not refused with 400: {other:?}"),
     }
 
     // A is gone but not yet dead by the database (seen within the TTL):

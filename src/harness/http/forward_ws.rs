@@ -15,7 +15,10 @@
 //!   owner that does not answer within [`CONNECT_WAIT`] is 502
 //!   `replica_unreachable`, and an owner that refuses the upgrade (404
 //!   unknown session, 429, 503 …) has its HTTP answer handed back as it
-//!   is, exactly as a client would have had it from the owner itself.
+//!   is, exactly as a client would have had it from the owner itself. An
+//!   owner that upgrades with none of the subprotocols the client offered
+//!   (a connection the client would fail itself) is 400
+//!   `no_common_subprotocol`.
 //! * **Backpressure.** Each direction reads one frame and sends it on
 //!   before it reads the next: no queue between the two sockets, so a
 //!   slow reader slows its writer down through TCP. A frame the receiver
@@ -44,6 +47,7 @@ use futures_util::{SinkExt, StreamExt};
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -81,6 +85,11 @@ enum DialError {
     /// The owner answered the upgrade with an HTTP status instead.
     #[error("the upgrade was answered with {}", .0.status())]
     Refused(Box<http::Response<Option<Vec<u8>>>>),
+    /// The owner upgraded without any subprotocol the client offered
+    /// (the route speaks none of them): a client would fail that
+    /// connection itself.
+    #[error("no common subprotocol: {0}")]
+    Subprotocol(String),
     #[error("handshake: {0}")]
     Handshake(WsError),
 }
@@ -110,6 +119,13 @@ pub(crate) async fn forward(app: &App, req: Request, to: &str, base: &str) -> Re
     let (owner, subprotocol) = match dialled {
         Ok(o) => o,
         Err(DialError::Refused(answer)) => return refused(*answer),
+        Err(DialError::Subprotocol(detail)) => {
+            return ApiError::rpc(
+                crate::wire::RpcError::new(crate::wire::ErrorCode::UnsupportedProtocol, detail)
+                    .with_reason("no_common_subprotocol"),
+            )
+            .into_response()
+        }
         Err(e) => {
             tracing::warn!(error = %e, "forwarding a WebSocket to the owning replica failed");
             return forward::unreachable(to).into_response();
@@ -203,6 +219,9 @@ async fn dial(
             Ok((ws, chosen))
         }
         Err(WsError::Http(answer)) => Err(DialError::Refused(answer)),
+        Err(WsError::Protocol(ProtocolError::SecWebSocketSubProtocolError(e))) => {
+            Err(DialError::Subprotocol(e.to_string()))
+        }
         Err(WsError::Io(e)) => Err(DialError::Io(e)),
         Err(e) => Err(DialError::Handshake(e)),
     }
