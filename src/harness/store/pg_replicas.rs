@@ -153,6 +153,9 @@ impl PgReplicas {
         let previous = previous.map(big).transpose()?;
         let info = serde_json::to_string(i)?;
         let expires = session.lease_expires_at_ms.map(big).transpose()?;
+        // The row keeps the deadline on the database's clock
+        // (`super::postgres`).
+        let local_now = big(crate::harness::runtime::unix_ms())?;
         let state = state_name(i.state);
         let won = self.store.with(|c| {
             // One statement: a row lock orders racing claims, and each
@@ -161,7 +164,9 @@ impl PgReplicas {
             let row = c.query_opt(
                 "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
                  connection_id, lease_expires_at_ms, ended_reason, info, replica) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 VALUES ($1, $2, $3, $4, $5, \
+                 $6::BIGINT - $11::BIGINT + (extract(epoch FROM now()) * 1000)::BIGINT, \
+                 $7, $8, $9) \
                  ON CONFLICT (session_id) DO UPDATE SET executor_id = excluded.executor_id, \
                  fencing_token = excluded.fencing_token, state = excluded.state, \
                  connection_id = excluded.connection_id, \
@@ -184,6 +189,7 @@ impl PgReplicas {
                     &info,
                     &self.id,
                     &previous,
+                    &local_now,
                 ],
             )?;
             Ok(row.is_some())
