@@ -32,6 +32,7 @@ use super::postgres::PgStore;
 use super::StoreError;
 use crate::harness::replica::TakeoverRow;
 use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::Type;
 use postgres::{Client, GenericClient, Row};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -331,13 +332,20 @@ impl PgReplicas {
     ) -> Result<Option<(String, String)>, StoreError> {
         let alive = big(alive_ms)?;
         let above = big(above)?;
+        // Typed: one round trip, not a prepare and an execute (this runs
+        // for every API call about a session this replica does not hold).
         let row = self.store.with(|c| {
-            c.query_opt(
+            c.query_typed_opt(
                 "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
                  WHERE s.session_id = $1 AND r.id <> $2 \
                  AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond' \
                  AND s.fencing_token > $4",
-                &[&session_id, &self.id, &alive, &above],
+                &[
+                    (&session_id, Type::TEXT),
+                    (&self.id, Type::TEXT),
+                    (&alive, Type::INT8),
+                    (&above, Type::INT8),
+                ],
             )
         })?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
@@ -355,9 +363,9 @@ impl PgReplicas {
         session_id: &str,
     ) -> Result<Option<crate::harness::types::SessionInfo>, StoreError> {
         let row = self.store.with(|c| {
-            c.query_opt(
+            c.query_typed_opt(
                 "SELECT info FROM sessions WHERE session_id = $1",
-                &[&session_id],
+                &[(&session_id, Type::TEXT)],
             )
         })?;
         row.map(|r| Ok(serde_json::from_str(r.try_get::<_, &str>(0)?)?))
@@ -439,9 +447,16 @@ impl PgReplicas {
         alive_ms: u64,
     ) -> Result<Option<(String, String)>, StoreError> {
         let alive = big(alive_ms)?;
-        let row = self
-            .store
-            .with(|c| c.query_opt(sql, &[&key, &self.id, &alive]))?;
+        let row = self.store.with(|c| {
+            c.query_typed_opt(
+                sql,
+                &[
+                    (&key, Type::TEXT),
+                    (&self.id, Type::TEXT),
+                    (&alive, Type::INT8),
+                ],
+            )
+        })?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 

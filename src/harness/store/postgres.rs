@@ -185,17 +185,28 @@ pub fn is_postgres_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
-/// Run `f` where the blocking client may block: on this thread, unless it
-/// belongs to a tokio runtime (the client would panic there), then on a
-/// scoped thread of its own.
+/// Run `f` where the blocking client may block. The client runs a
+/// runtime of its own, which tokio refuses to start on a thread that
+/// drives async tasks. So:
+///
+/// * no runtime here (the writer thread, a plain thread): on this thread;
+/// * a multi-thread runtime: through `block_in_place`, which on a worker
+///   hands the worker's tasks to another thread first, and on a
+///   `spawn_blocking` thread (where the API's look-ups and claims run) is
+///   simply the call: no thread is started per statement;
+/// * a current-thread runtime (`#[tokio::test]`, embedders): on a scoped
+///   thread of its own, the one way to block there.
 fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return f();
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => f(),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        Ok(_) => std::thread::scope(|s| match s.spawn(f).join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }),
     }
-    std::thread::scope(|s| match s.spawn(f).join() {
-        Ok(v) => v,
-        Err(panic) => std::panic::resume_unwind(panic),
-    })
 }
 
 /// The PostgreSQL store: a pool of connections; a broken one is dropped
