@@ -26,6 +26,8 @@ command -v x11vnc >/dev/null 2>&1 || need+=(x11vnc)
 # Issue 16: the web console in a real browser (tests/harness/console.rs
 # drives Debian's chromium through playwright-core, tests/peers).
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Issue 17: the test PostgreSQL's throwaway CA and certificates (scripts/pg.sh).
+command -v openssl >/dev/null 2>&1 || need+=(openssl)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -6,7 +6,11 @@
 //! * `raw_pipe`: a plain pipe (1 MiB, `F_SETPIPE_SZ`) read into a discard
 //!   buffer: the baseline;
 //! * `ring_ingest`: through the process actor into its ring, nobody reading;
-//!   run alternately with `raw_pipe`, its ratio the median of the pairs';
+//!   run alternately with `raw_pipe`, its ratio the median of the pairs'.
+//!   Its target ratio comes from pairs run with the whole process (the
+//!   reader's threads, the producer) pinned to one CPU ([`super::affinity`]):
+//!   unpinned, where the scheduler puts producer and reader decides more
+//!   than the ring does (both kinds are reported);
 //! * `e2e_<codec>`: read over a loopback WebSocket with `process.read`
 //!   long-polls of 1 MiB through the real executor, the process started
 //!   with `outputPolicy: "lossless"` and an 8 MiB ring (`--window`): the
@@ -18,7 +22,8 @@
 //!   see every byte. Every byte lands in fresh memory the kernel zeroes
 //!   first, which is most of the difference to `e2e_<codec>`;
 //! * `pty`: through `ioMode: "pty"` into the ring, against the same producer
-//!   under `script -qc` read from a pipe (`pty_script`).
+//!   under `script -qc` read from a pipe (`pty_script`), alternately, its
+//!   ratio the median of the pairs'.
 
 use super::peer::BenchPeer;
 use bmx::executor::{Executor, ExecutorConfig, ExecutorHandle, TokenSource};
@@ -44,7 +49,10 @@ pub struct BufferingOptions {
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Ratios {
+    /// Of the pinned pairs: the target's measure.
     pub ring_ingest: f64,
+    /// Of the pairs where the scheduler placed the threads.
+    pub ring_ingest_unpinned: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_json: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -61,8 +69,12 @@ pub struct BufferingReport {
     pub bytes: u64,
     pub runs: usize,
     pub pty_bytes: u64,
+    /// Unpinned: the baseline of the e2e rows, which need both cores.
     pub raw_pipe_mbps: f64,
     pub ring_ingest_mbps: f64,
+    /// Both rows with the process pinned to one CPU.
+    pub pinned_raw_pipe_mbps: f64,
+    pub pinned_ring_ingest_mbps: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_json_mbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -342,35 +354,47 @@ where
     Ok(v[v.len() / 2])
 }
 
+/// `runs` alternating pairs of the raw pipe and the ring: the medians of
+/// each row (MB/s) and of the pairs' ratios.
+async fn pairs(runs: usize, bytes: u64, argv: &[String]) -> Result<(f64, f64, f64), String> {
+    let mut raw = Vec::with_capacity(runs.max(1));
+    let mut ring = Vec::with_capacity(runs.max(1));
+    let mut paired = Vec::with_capacity(runs.max(1));
+    for _ in 0..runs.max(1) {
+        let r = checked(bytes, "raw pipe", drain_pipe(argv).await?)?;
+        let i = checked(bytes, "ring ingest", ingest(bytes, IoMode::Pipe).await?)?;
+        raw.push(r);
+        ring.push(i);
+        paired.push(i / r);
+    }
+    Ok((middle(raw), middle(ring), middle(paired)))
+}
+
 pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
     let runs = opts.runs;
     let argv = producer(opts.bytes)?;
     // The baseline and the ring row alternate, run by run, and the ratio
     // is the median of each pair's ratio: a burst of other work on the
     // machine then lands on both halves of a pair instead of on one row.
-    let mut raw = Vec::with_capacity(runs.max(1));
-    let mut ring = Vec::with_capacity(runs.max(1));
-    let mut paired = Vec::with_capacity(runs.max(1));
-    for _ in 0..runs.max(1) {
-        let r = checked(opts.bytes, "raw pipe", drain_pipe(&argv).await?)?;
-        let i = checked(
-            opts.bytes,
-            "ring ingest",
-            ingest(opts.bytes, IoMode::Pipe).await?,
-        )?;
-        raw.push(r);
-        ring.push(i);
-        paired.push(i / r);
-    }
-    let raw_pipe_mbps = middle(raw);
-    let ring_ingest_mbps = middle(ring);
-    let ring_ingest_ratio = middle(paired);
+    // First with everything on one CPU (the target's pairs), then where
+    // the scheduler puts it (the e2e rows' baseline: they need both).
+    let cpu = super::affinity::first_cpu().map_err(|e| format!("CPU mask: {e}"))?;
+    let pinned = {
+        let _pin =
+            super::affinity::pin_process(cpu).map_err(|e| format!("pin to CPU {cpu}: {e}"))?;
+        pairs(runs, opts.bytes, &argv).await?
+    };
+    let free = pairs(runs, opts.bytes, &argv).await?;
+    let raw_pipe_mbps = free.0;
+    let ring_ingest_mbps = free.1;
     let mut report = BufferingReport {
         bytes: opts.bytes,
         runs,
         pty_bytes: opts.pty_bytes,
         raw_pipe_mbps,
         ring_ingest_mbps,
+        pinned_raw_pipe_mbps: pinned.0,
+        pinned_ring_ingest_mbps: pinned.1,
         ..Default::default()
     };
     for &codec in &opts.codecs {
@@ -389,8 +413,6 @@ pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
             *slot = Some(v);
         }
     }
-    let (n, took) = ingest(opts.pty_bytes, IoMode::Pty).await?;
-    report.pty_mbps = mbps(n, took);
     let command = producer(opts.pty_bytes)?.join(" ");
     let script = vec![
         "script".to_owned(),
@@ -398,15 +420,26 @@ pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
         command,
         "/dev/null".into(),
     ];
-    let (n, took) = drain_pipe(&script).await?;
-    report.pty_script_mbps = mbps(n, took);
+    let (mut pty, mut baseline, mut pty_ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs.max(1) {
+        let s = checked(opts.pty_bytes, "pty script", drain_pipe(&script).await?)?;
+        // Not checked against the count: a PTY may translate bytes.
+        let (n, took) = ingest(opts.pty_bytes, IoMode::Pty).await?;
+        let p = mbps(n, took);
+        baseline.push(s);
+        pty.push(p);
+        pty_ratio.push(p / s.max(1e-9));
+    }
+    report.pty_mbps = middle(pty);
+    report.pty_script_mbps = middle(baseline);
     report.ratios = Ratios {
-        ring_ingest: ring_ingest_ratio,
+        ring_ingest: pinned.2,
+        ring_ingest_unpinned: free.2,
         e2e_json: report.e2e_json_mbps.map(|v| v / raw_pipe_mbps),
         e2e_msgpack: report.e2e_msgpack_mbps.map(|v| v / raw_pipe_mbps),
         e2e_json_big_ring: report.e2e_json_big_ring_mbps.map(|v| v / raw_pipe_mbps),
         e2e_msgpack_big_ring: report.e2e_msgpack_big_ring_mbps.map(|v| v / raw_pipe_mbps),
-        pty: report.pty_mbps / report.pty_script_mbps.max(1e-9),
+        pty: middle(pty_ratio),
     };
     Ok(report)
 }
@@ -428,8 +461,20 @@ impl BufferingReport {
         row(
             "ring_ingest",
             self.ring_ingest_mbps,
+            Some(self.ratios.ring_ingest_unpinned),
+            "of raw_pipe (pairs, unpinned)",
+        );
+        row(
+            "raw_pipe_1cpu",
+            self.pinned_raw_pipe_mbps,
+            None,
+            "baseline, process on one CPU",
+        );
+        row(
+            "ring_ingest_1cpu",
+            self.pinned_ring_ingest_mbps,
             Some(self.ratios.ring_ingest),
-            "of raw_pipe",
+            "of raw_pipe_1cpu (pairs; the target)",
         );
         if let Some(v) = self.e2e_json_mbps {
             row("e2e_json", v, self.ratios.e2e_json, "of raw_pipe");
@@ -454,7 +499,12 @@ impl BufferingReport {
             );
         }
         row("pty_script", self.pty_script_mbps, None, "PTY baseline");
-        row("pty", self.pty_mbps, Some(self.ratios.pty), "of pty_script");
+        row(
+            "pty",
+            self.pty_mbps,
+            Some(self.ratios.pty),
+            "of pty_script (pairs)",
+        );
         out
     }
 }

@@ -1,6 +1,7 @@
 //! Benchmarks run by `bmx bench`: each measures the raw baseline in the
 //! same run and reports the ratio.
 
+pub mod affinity;
 pub mod buffering;
 pub mod computer;
 pub mod harness;

@@ -57,6 +57,11 @@ pub struct HarnessArgs {
     /// the URL is never printed.
     #[arg(long, env = "BMX_STORE", hide_env_values = true)]
     pub store: Option<String>,
+    /// The most connections a PostgreSQL `--store` opens (the replicas'
+    /// listener has one more). Ignored with SQLite.
+    #[arg(long, env = "BMX_STORE_CONNECTIONS", default_value_t = bmx::harness::store::postgres::DEFAULT_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub store_connections: u32,
     /// This harness's id among the replicas over one PostgreSQL `--store`
     /// (docs/store.md, "Several replicas"; default: random per process).
     /// Ignored with SQLite.
@@ -165,6 +170,7 @@ type Opened = (
 
 fn open_store(
     store: Option<&str>,
+    connections: u32,
     data_dir: &std::path::Path,
     replica_id: Option<&str>,
 ) -> Result<Opened, String> {
@@ -184,7 +190,8 @@ fn open_store(
         Some(url) if postgres::is_postgres_url(url) => {
             let shown = postgres::redact(url);
             let db = std::sync::Arc::new(
-                PgStore::connect(url).map_err(|e| format!("--store {shown}: {e}"))?,
+                PgStore::connect_with(url, connections)
+                    .map_err(|e| format!("--store {shown}: {e}"))?,
             );
             let id = replica_id.map_or_else(pg_replicas::random_replica_id, str::to_owned);
             // Before the writer can write: session rows are then created
@@ -221,8 +228,12 @@ impl HarnessArgs {
             .data_dir
             .clone()
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
-        let (store, durable, replicas) =
-            open_store(self.store.as_deref(), &data_dir, self.replica_id.as_deref())?;
+        let (store, durable, replicas) = open_store(
+            self.store.as_deref(),
+            self.store_connections,
+            &data_dir,
+            self.replica_id.as_deref(),
+        )?;
         // Artifacts (issue 15): content-addressed files under the data dir.
         let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
             .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;

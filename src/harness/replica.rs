@@ -112,9 +112,9 @@ impl Generations {
 }
 
 /// A session row of the database, as another replica left it, for
-/// [`judge_takeover`]. Times are unix ms on the database's clock, except
-/// `lease_expires_at_ms`, which the writing harness computed from its own
-/// (docs/store.md, "Takeover").
+/// [`judge_takeover`]. Times are unix ms on the database's clock,
+/// `lease_expires_at_ms` included: the writing harness's deadline is moved
+/// onto that clock as it is written (docs/store.md, "Takeover").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakeoverRow {
     pub executor_id: String,

@@ -16,6 +16,13 @@ use bmx::wire::types::ToolResultParams;
 use std::sync::Arc;
 use std::time::Duration;
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
 fn info(id: &str, token: u64, state: SessionState) -> SessionInfo {
     SessionInfo {
         connection_id: Some("c-1".into()),
@@ -153,13 +160,17 @@ async fn sessions_and_results_survive_a_reopen_and_stale_grants_lose() {
     // runtime's threads itself.
     let d = DurableState::open(Arc::new(PgStore::connect(&db.url).unwrap())).unwrap();
     let token = d.next_fencing_token("s1").unwrap();
+    // A minute from now on this machine's clock; the row keeps it on the
+    // database's, and a load moves it back (the same clock here, so it
+    // comes back within the time the test takes).
+    let deadline = unix_ms() + 60_000;
     d.put_session(StoredSession {
         info: info("s1", token, SessionState::Active),
         lease_expires_at_ms: None,
     });
     d.put_session(StoredSession {
         info: info("s2", token + 1, SessionState::Disconnected),
-        lease_expires_at_ms: Some(12_345),
+        lease_expires_at_ms: Some(deadline),
     });
     let result: ToolResultParams = serde_json::from_value(serde_json::json!({
         "sessionId": "s1", "toolCallId": "t1", "outcome": "succeeded",
@@ -217,7 +228,8 @@ async fn sessions_and_results_survive_a_reopen_and_stale_grants_lose() {
         sessions[1].info,
         info("s2", token + 1, SessionState::Disconnected)
     );
-    assert_eq!(sessions[1].lease_expires_at_ms, Some(12_345));
+    let back = sessions[1].lease_expires_at_ms.unwrap();
+    assert!(back.abs_diff(deadline) < 5_000, "{back} against {deadline}");
     assert_eq!(results.len(), 1);
     assert_eq!(results[0].tool_call_id, "t1");
     assert_eq!(results[0].result, result);
@@ -243,4 +255,182 @@ fn an_unreachable_server_fails_in_time_without_the_password() {
         .unwrap_err()
         .to_string();
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// `url` with its host replaced and `query` appended (`?` or `&`).
+fn tls_url(url: &str, host: &str, query: &str) -> String {
+    let url = url.replacen("@127.0.0.1:", &format!("@{host}:"), 1);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{query}")
+}
+
+/// The test server's CA files (scripts/pg.sh), or a loud skip (a failure
+/// under CI, which must run them).
+fn test_cas() -> Option<(String, String)> {
+    match (
+        std::env::var("BMX_TEST_PG_CA"),
+        std::env::var("BMX_TEST_PG_OTHER_CA"),
+    ) {
+        (Ok(ca), Ok(other)) => Some((ca, other)),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("BMX_TEST_PG_CA is not set under CI: scripts/pg.sh turns TLS on")
+        }
+        _ => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n!!! SKIPPED a TLS test: BMX_TEST_PG_CA is not set (scripts/pg.sh) !!!\n"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn tls_is_used_as_sslmode_says_and_certificates_are_checked_as_libpq_does() {
+    let Some(db) = pg_support::fresh("tls") else {
+        return;
+    };
+    let Some((ca, other)) = test_cas() else {
+        return;
+    };
+    let open = |url: String| PgStore::connect(&url).map(|s| s.encrypted().unwrap());
+    // The default (prefer) encrypts when the server offers it, checking
+    // nothing; disable never encrypts.
+    assert!(open(db.url.clone()).unwrap(), "prefer by default");
+    assert!(!open(tls_url(&db.url, "127.0.0.1", "sslmode=disable")).unwrap());
+    assert!(open(tls_url(&db.url, "127.0.0.1", "sslmode=require")).unwrap());
+    // verify-full: the chain and the name (the certificate is for
+    // `localhost` only).
+    let full = |host: &str, root: &str| {
+        open(tls_url(
+            &db.url,
+            host,
+            &format!("sslmode=verify-full&sslrootcert={root}"),
+        ))
+    };
+    assert!(full("localhost", &ca).unwrap());
+    let err = full("127.0.0.1", &ca).unwrap_err().to_string();
+    assert!(err.contains("not valid for name"), "{err}");
+    let err = full("localhost", &other).unwrap_err().to_string();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    // The system's roots do not know the throwaway CA.
+    let err = open(tls_url(&db.url, "localhost", "sslmode=verify-full"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    // verify-ca: the chain only, so the address passes.
+    let ca_only = |root: &str| {
+        open(tls_url(
+            &db.url,
+            "127.0.0.1",
+            &format!("sslmode=verify-ca&sslrootcert={root}"),
+        ))
+    };
+    assert!(ca_only(&ca).unwrap());
+    assert!(ca_only(&other).is_err());
+    // require with roots checks the chain (libpq: a root file makes
+    // require behave as verify-ca).
+    let err = open(tls_url(
+        &db.url,
+        "127.0.0.1",
+        &format!("sslmode=require&sslrootcert={other}"),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    // Pooled connections after the first use the same TLS.
+    let s = PgStore::connect(&tls_url(
+        &db.url,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    ))
+    .unwrap();
+    std::thread::scope(|sc| {
+        for _ in 0..4 {
+            sc.spawn(|| assert!(s.encrypted().unwrap()));
+        }
+    });
+}
+
+#[test]
+fn a_bad_sslmode_is_refused_before_connecting_and_without_the_password() {
+    let err = PgStore::connect("postgres://bmx:hunter2@127.0.0.1:1/bmx?sslmode=verify")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sslmode"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
+
+#[test]
+fn the_pool_serves_calls_at_once_and_replaces_killed_connections() {
+    let Some(db) = pg_support::fresh("pool") else {
+        return;
+    };
+    let s = PgStore::connect_with(&db.url, 4).unwrap();
+    let mut admin = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let name = db.url.rsplit('/').next().unwrap().to_owned();
+    let backends = |admin: &mut postgres::Client| -> i64 {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = $1 AND application_name = 'bmx-harness'",
+                &[&name],
+            )
+            .unwrap()
+            .get(0)
+    };
+    // The start's own connection (migrations) is closed; wait until its
+    // backend has gone, so what is counted below is the pool's.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while backends(&mut admin) > 1 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Four callers at once: the store opens more than one connection (the
+    // single-connection store queued them all on one), and never more than
+    // its bound.
+    let peak = std::thread::scope(|sc| {
+        let callers: Vec<_> = (0..4)
+            .map(|_| {
+                sc.spawn(|| {
+                    for _ in 0..300 {
+                        s.enrollments(10).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut peak = 0;
+        while !callers.iter().all(|c| c.is_finished()) {
+            peak = peak.max(backends(&mut admin));
+        }
+        peak.max(backends(&mut admin))
+    });
+    assert!((2..=4).contains(&peak), "{peak} connections");
+    // Every connection of the store killed by the server: a call may meet
+    // a dead connection (which is then dropped), and the store opens new
+    // ones; it never stays broken.
+    let version = s.schema_version().unwrap();
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = $1 AND application_name = 'bmx-harness'",
+            &[&name],
+        )
+        .unwrap()
+        .get(0);
+    assert!(killed >= 1, "{killed}");
+    let mut in_a_row = 0;
+    for _ in 0..20 {
+        match s.schema_version() {
+            Ok(v) => {
+                assert_eq!(v, version);
+                in_a_row += 1;
+                if in_a_row == 4 {
+                    break;
+                }
+            }
+            Err(_) => in_a_row = 0,
+        }
+    }
+    assert_eq!(in_a_row, 4, "the store did not recover from the kill");
 }

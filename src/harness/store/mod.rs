@@ -15,6 +15,7 @@
 
 pub mod durable;
 pub mod pg_replicas;
+pub mod pg_tls;
 pub mod postgres;
 pub mod sqlite;
 
@@ -31,8 +32,11 @@ pub use sqlite::SqliteStore;
 pub enum StoreError {
     #[error("store: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    /// PostgreSQL's errors never hold the connection URL.
-    #[error("store: {0}")]
+    /// PostgreSQL's errors never hold the connection URL. Shown with
+    /// their causes: the client's own message is often only "error
+    /// performing TLS handshake", the cause says which certificate check
+    /// failed.
+    #[error("store: {}", with_causes(.0))]
     Postgres(#[from] ::postgres::Error),
     #[error("store: {0}")]
     Io(#[from] std::io::Error),
@@ -45,6 +49,24 @@ pub enum StoreError {
     /// A write did not become durable in time, or the writer stopped.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+}
+
+/// `e: cause: cause…`, each cause once (a client error often repeats its
+/// source's text).
+fn with_causes(e: &::postgres::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = std::error::Error::source(e);
+    // A bound on a chain a library builds: a cycle must not hang a log.
+    for _ in 0..8 {
+        let Some(cause) = next else { break };
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }
 
 /// An issued executor credential (never the token, only its hash).

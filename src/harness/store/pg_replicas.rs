@@ -38,6 +38,7 @@ use super::postgres::PgStore;
 use super::StoreError;
 use crate::harness::replica::TakeoverRow;
 use postgres::fallible_iterator::FallibleIterator;
+use postgres::types::Type;
 use postgres::{Client, GenericClient, Row};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -182,6 +183,9 @@ impl PgReplicas {
         let previous = previous.map(big).transpose()?;
         let info = serde_json::to_string(i)?;
         let expires = session.lease_expires_at_ms.map(big).transpose()?;
+        // The row keeps the deadline on the database's clock
+        // (`super::postgres`).
+        let local_now = big(crate::harness::runtime::unix_ms())?;
         let state = state_name(i.state);
         let won = self.store.with(|c| {
             // One statement: a row lock orders racing claims, and each
@@ -190,7 +194,9 @@ impl PgReplicas {
             let row = c.query_opt(
                 "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
                  connection_id, lease_expires_at_ms, ended_reason, info, replica) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 VALUES ($1, $2, $3, $4, $5, \
+                 $6::BIGINT - $11::BIGINT + (extract(epoch FROM now()) * 1000)::BIGINT, \
+                 $7, $8, $9) \
                  ON CONFLICT (session_id) DO UPDATE SET executor_id = excluded.executor_id, \
                  fencing_token = excluded.fencing_token, state = excluded.state, \
                  connection_id = excluded.connection_id, \
@@ -213,6 +219,7 @@ impl PgReplicas {
                     &info,
                     &self.id,
                     &previous,
+                    &local_now,
                 ],
             )?;
             Ok(row.is_some())
@@ -354,13 +361,20 @@ impl PgReplicas {
     ) -> Result<Option<(String, String)>, StoreError> {
         let alive = big(alive_ms)?;
         let above = big(above)?;
+        // Typed: one round trip, not a prepare and an execute (this runs
+        // for every API call about a session this replica does not hold).
         let row = self.store.with(|c| {
-            c.query_opt(
+            c.query_typed_opt(
                 "SELECT r.id, r.url FROM sessions s JOIN replicas r ON r.id = s.replica \
                  WHERE s.session_id = $1 AND r.id <> $2 \
                  AND r.seen_at > now() - $3::BIGINT * interval '1 millisecond' \
                  AND s.fencing_token > $4",
-                &[&session_id, &self.id, &alive, &above],
+                &[
+                    (&session_id, Type::TEXT),
+                    (&self.id, Type::TEXT),
+                    (&alive, Type::INT8),
+                    (&above, Type::INT8),
+                ],
             )
         })?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
@@ -378,9 +392,9 @@ impl PgReplicas {
         session_id: &str,
     ) -> Result<Option<crate::harness::types::SessionInfo>, StoreError> {
         let row = self.store.with(|c| {
-            c.query_opt(
+            c.query_typed_opt(
                 "SELECT info FROM sessions WHERE session_id = $1",
-                &[&session_id],
+                &[(&session_id, Type::TEXT)],
             )
         })?;
         row.map(|r| Ok(serde_json::from_str(r.try_get::<_, &str>(0)?)?))
@@ -531,9 +545,16 @@ impl PgReplicas {
         alive_ms: u64,
     ) -> Result<Option<(String, String)>, StoreError> {
         let alive = big(alive_ms)?;
-        let row = self
-            .store
-            .with(|c| c.query_opt(sql, &[&key, &self.id, &alive]))?;
+        let row = self.store.with(|c| {
+            c.query_typed_opt(
+                sql,
+                &[
+                    (&key, Type::TEXT),
+                    (&self.id, Type::TEXT),
+                    (&alive, Type::INT8),
+                ],
+            )
+        })?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 

@@ -5,11 +5,13 @@
 //! Client: the blocking `postgres` crate (tokio-postgres underneath, on a
 //! runtime of its own per connection). Every caller here is already a
 //! blocking one: the `bmx-store-writer` thread of [`DurableState`], startup,
-//! and enrollment calls, which the SQLite store made blocking anyway; one
-//! connection behind a mutex serves them all, like the SQLite one, so no
-//! pool is needed (the writer commits batches, not one row per call).
-//! Called from a thread that drives async tasks, the call moves to a
-//! scoped thread, since the crate refuses to block such a thread.
+//! enrollment calls, which the SQLite store made blocking anyway, and the
+//! replicas' claims and look-ups. They share a pool (r2d2, at most
+//! `--store-connections`, default [`DEFAULT_CONNECTIONS`]): with one
+//! connection a grant's claim or a forwarding look-up queued behind the
+//! writer's batch commit, an fsync each. Called from a thread that drives
+//! async tasks, the call moves to a scoped thread, since the crate refuses
+//! to block such a thread. TLS: [`super::pg_tls`].
 //!
 //! The database decides every race between harnesses sharing it:
 //!
@@ -22,7 +24,11 @@
 //!   grant (`ON CONFLICT … WHERE sessions.fencing_token <=
 //!   excluded.fencing_token`), so a stale replica cannot roll a session back;
 //! * rows record when they were written with the database's `now()`, the
-//!   one clock all replicas share.
+//!   one clock all replicas share, and an orphaned lease's deadline
+//!   (`lease_expires_at_ms`) is kept on that clock too: written as this
+//!   harness's deadline moved by the difference of the two clocks at the
+//!   write, read back the other way, so no harness clock's offset reaches
+//!   another harness's decision.
 //!
 //! The URL may carry a password: it is never logged nor put in an error;
 //! [`redact`] is what anyone prints.
@@ -32,12 +38,21 @@
 use super::durable::{
     state_name, Commit, DurableBackend, StoredResult, StoredSession, RESULTS_KEPT_PER_SESSION,
 };
+use super::pg_tls::{self, Tls};
 use super::{Credential, Store, StoreError};
 use crate::harness::enroll::{Enrollment, Status};
+use crate::harness::runtime::unix_ms;
 use crate::harness::types::SessionInfo;
-use postgres::{Client, GenericClient, NoTls, Row};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use postgres::{Client, GenericClient, Row};
+use r2d2_postgres::PostgresConnectionManager;
 use std::time::Duration;
+
+type Pool = r2d2::Pool<PostgresConnectionManager<Tls>>;
+
+/// The most connections one store opens, unless told otherwise: the
+/// writer, a few grants or look-ups at once, and enrollment calls. The
+/// replicas' listener has one more of its own.
+pub const DEFAULT_CONNECTIONS: u32 = 8;
 
 /// Migration N is `MIGRATIONS[N-1]`. Append only; never edit one that
 /// shipped. The same tables as the SQLite store (`sqlite.rs`), in
@@ -170,25 +185,41 @@ pub fn is_postgres_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
 }
 
-/// Run `f` where the blocking client may block: on this thread, unless it
-/// belongs to a tokio runtime (the client would panic there), then on a
-/// scoped thread of its own.
+/// Run `f` where the blocking client may block. The client runs a
+/// runtime of its own, which tokio refuses to start on a thread that
+/// drives async tasks. So:
+///
+/// * no runtime here (the writer thread, a plain thread): on this thread;
+/// * a multi-thread runtime: through `block_in_place`, which on a worker
+///   hands the worker's tasks to another thread first, and on a
+///   `spawn_blocking` thread (where the API's look-ups and claims run) is
+///   simply the call: no thread is started per statement;
+/// * a current-thread runtime (`#[tokio::test]`, embedders): on a scoped
+///   thread of its own, the one way to block there.
 fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    if tokio::runtime::Handle::try_current().is_err() {
-        return f();
+    match tokio::runtime::Handle::try_current() {
+        Err(_) => f(),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        Ok(_) => std::thread::scope(|s| match s.spawn(f).join() {
+            Ok(v) => v,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }),
     }
-    std::thread::scope(|s| match s.spawn(f).join() {
-        Ok(v) => v,
-        Err(panic) => std::panic::resume_unwind(panic),
-    })
 }
 
-/// The PostgreSQL store: one connection, reopened when it breaks.
+/// The PostgreSQL store: a pool of connections; a broken one is dropped
+/// when it is handed back, and the next call opens a new one.
 pub struct PgStore {
     config: postgres::Config,
+    tls: Tls,
+    /// What the URL's `sslmode` asked for, for the log line.
+    mode: pg_tls::Mode,
     /// What logs say instead of the URL.
     redacted: String,
-    conn: Mutex<Option<Client>>,
+    /// `None` only while dropping.
+    pool: Option<Pool>,
     /// Set when this harness is one of several live replicas
     /// ([`super::pg_replicas::PgReplicas`]): session rows are then created
     /// only by a claim, and the writer updates a row only while it holds
@@ -205,50 +236,133 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl Drop for PgStore {
-    /// The client closes its connection and its own runtime when dropped,
+    /// A client closes its connection and its own runtime when dropped,
     /// which must not happen on a thread that drives async tasks: the last
     /// handle may well go there (a harness shutting down).
     fn drop(&mut self) {
-        let client = self
-            .conn
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(client) = client {
-            off_runtime(move || drop(client));
+        if let Some(pool) = self.pool.take() {
+            off_runtime(move || drop(pool));
         }
     }
 }
 
+/// Every pooled connection gets the statement deadlines on first use.
+#[derive(Debug)]
+struct Deadlines;
+
+impl r2d2::CustomizeConnection<Client, postgres::Error> for Deadlines {
+    fn on_acquire(&self, c: &mut Client) -> Result<(), postgres::Error> {
+        set_deadlines(c)
+    }
+}
+
+fn set_deadlines(c: &mut Client) -> Result<(), postgres::Error> {
+    c.batch_execute(&format!(
+        "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
+         SET lock_timeout = {STATEMENT_TIMEOUT_MS}"
+    ))
+}
+
+/// The pool's own connection attempts (it opens them in the background)
+/// go to the log, not to `log`'s default handler.
+#[derive(Debug)]
+struct LogErrors;
+
+impl r2d2::HandleError<postgres::Error> for LogErrors {
+    fn handle_error(&self, error: postgres::Error) {
+        tracing::warn!(error = %error, "postgres store: opening a pooled connection failed");
+    }
+}
+
+fn bad_url(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("bad URL: {e}"))
+}
+
 impl PgStore {
-    /// Connect to `url` and migrate the database.
+    /// Connect to `url` and migrate the database, with at most
+    /// [`DEFAULT_CONNECTIONS`] connections.
     ///
     /// # Errors
     ///
-    /// The URL does not parse, the server cannot be reached in time, or
-    /// the schema is newer than this bmx. The error never holds the URL.
+    /// See [`PgStore::connect_with`].
     pub fn connect(url: &str) -> Result<PgStore, StoreError> {
-        let mut config: postgres::Config = url
+        PgStore::connect_with(url, DEFAULT_CONNECTIONS)
+    }
+
+    /// Connect to `url` (TLS as its `sslmode`/`sslrootcert` say:
+    /// [`super::pg_tls`]) and migrate the database; later calls share at
+    /// most `connections` connections (at least 1).
+    ///
+    /// # Errors
+    ///
+    /// The URL does not parse, its TLS settings cannot be used, the server
+    /// cannot be reached in time (or its certificate is refused), or the
+    /// schema is newer than this bmx. The error never holds the URL.
+    pub fn connect_with(url: &str, connections: u32) -> Result<PgStore, StoreError> {
+        let split = pg_tls::split(url).map_err(bad_url)?;
+        let mut config: postgres::Config = split
+            .rest
             .parse()
-            .map_err(|e: postgres::Error| StoreError::Unavailable(format!("bad URL: {e}")))?;
+            .map_err(|e: postgres::Error| bad_url(e))?;
+        config.ssl_mode(split.mode.client_mode());
         config.connect_timeout(CONNECT_TIMEOUT);
         if config.get_application_name().is_none() {
             config.application_name("bmx-harness");
         }
-        let store = PgStore {
+        let tls = pg_tls::connector(split.mode, split.root_cert.as_deref())
+            .map_err(|e| StoreError::Unavailable(format!("TLS: {e}")))?;
+        let mut store = PgStore {
             config,
+            tls,
+            mode: split.mode,
             redacted: redact(url),
-            conn: Mutex::new(None),
+            pool: None,
             replica: std::sync::OnceLock::new(),
         };
-        store.with(migrate)??;
-        tracing::info!(url = %store.redacted, "postgres store ready");
+        // The first connection is opened here, not by the pool, so a
+        // server that refuses it fails the start at once with its own
+        // error rather than after the pool's wait. It migrates, then goes.
+        let encrypted = off_runtime(|| -> Result<bool, StoreError> {
+            let mut c = store.connect_new()?;
+            migrate(&mut c)??;
+            Ok(encrypted(&mut c)?)
+        })?;
+        let manager = PostgresConnectionManager::new(store.config.clone(), store.tls.clone());
+        store.pool = Some(off_runtime(|| {
+            r2d2::Pool::builder()
+                .max_size(connections.max(1))
+                .min_idle(Some(1))
+                .connection_timeout(CONNECT_TIMEOUT)
+                // Checked when handed back (`is_closed`), not with a
+                // round trip on every hand-out.
+                .test_on_check_out(false)
+                .connection_customizer(Box::new(Deadlines))
+                .error_handler(Box::new(LogErrors))
+                .build_unchecked(manager)
+        }));
+        tracing::info!(
+            url = %store.redacted,
+            sslmode = store.mode.name(),
+            tls = encrypted,
+            connections = connections.max(1),
+            "postgres store ready"
+        );
         Ok(store)
     }
 
     /// The URL with its password hidden.
     pub fn redacted_url(&self) -> &str {
         &self.redacted
+    }
+
+    /// Whether a connection of this store is encrypted (TLS), as the
+    /// server sees it (`pg_stat_ssl`).
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    pub fn encrypted(&self) -> Result<bool, StoreError> {
+        self.with(encrypted)
     }
 
     /// The schema version (the highest migration applied).
@@ -271,43 +385,40 @@ impl PgStore {
         let _ = self.replica.set(id.to_owned());
     }
 
-    /// A new connection of its own (the replicas' `LISTEN`), with the
-    /// same deadlines as the shared one. Blocks: call it off any runtime.
+    /// A new connection of its own, outside the pool (the replicas'
+    /// `LISTEN`), with the same TLS and deadlines as the pooled ones.
+    /// Blocks: call it off any runtime.
     pub(super) fn connect_new(&self) -> Result<Client, postgres::Error> {
-        let mut client = self.config.connect(NoTls)?;
-        client.batch_execute(&format!(
-            "SET statement_timeout = {STATEMENT_TIMEOUT_MS}; \
-             SET lock_timeout = {STATEMENT_TIMEOUT_MS}"
-        ))?;
+        let mut client = self.config.connect(self.tls.clone())?;
+        set_deadlines(&mut client)?;
         Ok(client)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Option<Client>> {
-        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Run `f` on the connection (opened or reopened first if needed),
-    /// off any async thread. A connection found broken after `f` fails is
-    /// dropped, so the next call (the writer retries) reconnects.
+    /// Run `f` on a pooled connection, off any async thread. A connection
+    /// found broken when handed back is dropped, so the next call (the
+    /// writer retries) opens a new one.
     pub(super) fn with<T: Send>(
         &self,
         f: impl FnOnce(&mut Client) -> Result<T, postgres::Error> + Send,
     ) -> Result<T, StoreError> {
         off_runtime(|| {
-            let mut guard = self.lock();
-            if guard.as_ref().is_none_or(Client::is_closed) {
-                *guard = Some(self.connect_new()?);
-            }
-            let Some(client) = guard.as_mut() else {
-                return Err(StoreError::Unavailable("no connection".into()));
+            let Some(pool) = self.pool.as_ref() else {
+                return Err(StoreError::Unavailable("the store is closed".into()));
             };
-            let out = f(client);
-            if out.is_err() && client.is_closed() {
-                *guard = None;
-            }
-            Ok(out?)
+            let mut conn = pool
+                .get()
+                .map_err(|e| StoreError::Unavailable(format!("no connection: {e}")))?;
+            Ok(f(&mut conn)?)
         })
     }
+}
+
+fn encrypted(c: &mut Client) -> Result<bool, postgres::Error> {
+    let row = c.query_opt(
+        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        &[],
+    )?;
+    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
 /// Apply every migration past the highest recorded, all in one
@@ -586,6 +697,7 @@ impl DurableBackend for PgStore {
     }
 
     fn load(&self) -> Result<(Vec<StoredSession>, Vec<StoredResult>), StoreError> {
+        let local_now = big(unix_ms())?;
         let (sessions, results) = self.with(|c| {
             // One snapshot for both reads: results match their sessions.
             let mut tx = c
@@ -593,7 +705,13 @@ impl DurableBackend for PgStore {
                 .isolation_level(postgres::IsolationLevel::RepeatableRead)
                 .read_only(true)
                 .start()?;
-            let sessions = tx.query("SELECT info, lease_expires_at_ms FROM sessions", &[])?;
+            // Deadlines are kept on the database's clock: back onto this
+            // harness's (what is left of each, from now).
+            let sessions = tx.query(
+                "SELECT info, lease_expires_at_ms \
+                 - (extract(epoch FROM now()) * 1000)::BIGINT + $1::BIGINT FROM sessions",
+                &[&local_now],
+            )?;
             let results = tx.query(
                 "SELECT r.session_id, r.fencing_token, r.tool_call_id, r.result \
                  FROM tool_results r JOIN sessions s \
@@ -647,7 +765,8 @@ fn update_own(
     let i = &s.info;
     tx.execute(
         "UPDATE sessions SET executor_id = $2, state = $4, connection_id = $5, \
-         lease_expires_at_ms = $6, ended_reason = $7, info = $8, replica = $9, \
+         lease_expires_at_ms = $6::BIGINT - $10::BIGINT + (extract(epoch FROM now()) * 1000)::BIGINT, \
+         ended_reason = $7, info = $8, replica = $9, \
          written_at = now() WHERE session_id = $1 AND fencing_token = $3",
         &[
             &id,
@@ -659,6 +778,7 @@ fn update_own(
             &i.ended_reason,
             &serde_json::to_string(i)?,
             &me,
+            &big(unix_ms())?,
         ],
     )?;
     Ok(())
@@ -696,7 +816,8 @@ fn commit(
                 tx.execute(
                     "INSERT INTO sessions (session_id, executor_id, fencing_token, state, \
                      connection_id, lease_expires_at_ms, ended_reason, info) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                     VALUES ($1, $2, $3, $4, $5, \
+                     $6::BIGINT - $9::BIGINT + (extract(epoch FROM now()) * 1000)::BIGINT, $7, $8) \
                      ON CONFLICT (session_id) DO UPDATE SET executor_id = excluded.executor_id, \
                      fencing_token = excluded.fencing_token, state = excluded.state, \
                      connection_id = excluded.connection_id, \
@@ -713,6 +834,7 @@ fn commit(
                         &s.lease_expires_at_ms.map(big).transpose()?,
                         &i.ended_reason,
                         &serde_json::to_string(i)?,
+                        &big(unix_ms())?,
                     ],
                 )?;
             }
