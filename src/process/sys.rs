@@ -595,6 +595,7 @@ pub fn attach_pty(
                 return Err(std::io::Error::last_os_error());
             }
             cloexec_above_stderr()?;
+            default_signals();
             super::run_as::drop_in_child()
         });
     }
@@ -653,8 +654,34 @@ pub fn inherit_only_stdio(cmd: &mut std::process::Command) {
     unsafe {
         cmd.pre_exec(|| {
             cloexec_above_stderr()?;
+            default_signals();
             super::run_as::drop_in_child()
         });
+    }
+}
+
+/// In a forked child, between fork and exec: every signal back to its
+/// default action and none blocked. An ignored signal stays ignored across
+/// exec, so an executor started with SIGINT ignored (from `nohup`, or `&`
+/// in a script, which ignores SIGINT and SIGQUIT for the job) would hand
+/// that to every session process, and `process.interrupt` would do
+/// nothing. Handlers are reset by exec anyway; the mask is reset here too.
+/// Async-signal-safe: `sigaction` and `sigprocmask` only; a signal number
+/// the kernel or libc refuses (SIGKILL, SIGSTOP, libc's own) is skipped.
+pub fn default_signals() {
+    // SAFETY: a zeroed sigaction with SIG_DFL is a valid argument; the
+    // calls touch this (forked, single-threaded) process only.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        for sig in 1..libc::SIGRTMAX() {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
 }
 
@@ -689,6 +716,45 @@ pub async fn write_all(afd: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, dat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `SigIgn` mask of a child spawned by this process.
+    fn child_ignores(reset: bool) -> u64 {
+        let mut cmd = std::process::Command::new("cat");
+        cmd.arg("/proc/self/status");
+        if reset {
+            inherit_only_stdio(&mut cmd);
+        }
+        let out = cmd.output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = text.lines().find(|l| l.starts_with("SigIgn:")).unwrap();
+        u64::from_str_radix(line["SigIgn:".len()..].trim(), 16).unwrap()
+    }
+
+    /// Runs itself again in a child process (the disposition is per
+    /// process, and the other tests must not inherit an ignored SIGINT).
+    #[test]
+    fn a_child_does_not_inherit_an_ignored_sigint() {
+        const NAME: &str = "process::sys::tests::a_child_does_not_inherit_an_ignored_sigint";
+        if std::env::var_os("BMX_SIGIGN_CHILD").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--test-threads=1"])
+                .env("BMX_SIGIGN_CHILD", "1")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        // SAFETY: SIG_IGN for SIGINT in this throwaway process.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+        let bit = 1u64 << (libc::SIGINT - 1);
+        assert_ne!(child_ignores(false) & bit, 0, "the control: inherited");
+        assert_eq!(child_ignores(true) & bit, 0, "reset for our children");
+    }
 
     /// Runs itself again in a child process (the descriptor limit is per
     /// process, and the other tests must not feel it).

@@ -15,25 +15,39 @@ use http::{header, HeaderMap};
 
 /// The conflict check from the request's preconditions: `If-Match:
 /// "<digest>"` (the file must have that digest now) or `If-None-Match: *`
-/// (it must not exist).
+/// (it must not exist). Each header is checked whenever it is present, so a
+/// malformed one is a 400 even beside a good one, and the two together
+/// (a file that has a digest and does not exist) are refused.
 fn precondition(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    if let Some(v) = headers.get(header::IF_MATCH) {
-        let v = v
-            .to_str()
-            .map_err(|_| ApiError::bad_request("If-Match: not text"))?
-            .trim()
-            .trim_matches('"');
-        let d = Digest::parse(v)
-            .map_err(|_| ApiError::bad_request("If-Match: expected \"sha256:<64 hex>\""))?;
-        return Ok(Some(d.to_string()));
+    let if_match = headers
+        .get(header::IF_MATCH)
+        .map(|v| {
+            let v = v
+                .to_str()
+                .map_err(|_| ApiError::bad_request("If-Match: not text"))?
+                .trim()
+                .trim_matches('"');
+            Digest::parse(v)
+                .map(|d| d.to_string())
+                .map_err(|_| ApiError::bad_request("If-Match: expected \"sha256:<64 hex>\""))
+        })
+        .transpose()?;
+    let if_none_match = headers
+        .get(header::IF_NONE_MATCH)
+        .map(|v| {
+            if v.to_str().map(str::trim).ok() == Some("*") {
+                Ok(String::new())
+            } else {
+                Err(ApiError::bad_request("If-None-Match: only * is understood"))
+            }
+        })
+        .transpose()?;
+    match (if_match, if_none_match) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "If-Match and If-None-Match together: give one",
+        )),
+        (a, b) => Ok(a.or(b)),
     }
-    if let Some(v) = headers.get(header::IF_NONE_MATCH) {
-        if v.to_str().map(str::trim).ok() != Some("*") {
-            return Err(ApiError::bad_request("If-None-Match: only * is understood"));
-        }
-        return Ok(Some(String::new()));
-    }
-    Ok(None)
 }
 
 /// `PUT /v1/sessions/{id}/files/uploads/{path}` → `{path, digest,
@@ -90,4 +104,44 @@ pub(super) async fn get_output(
     let r = app.sessions().session(&id).get_output(&path).await?;
     let digest = Digest::parse(&r.digest).map_err(artifacts::blob_error)?;
     super::artifacts::whole_blob(&app, &digest, "the file's blob is gone").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn with(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(k.clone(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn each_precondition_is_checked_even_beside_the_other() {
+        let digest = format!("\"sha256:{}\"", "a".repeat(64));
+        assert_eq!(precondition(&with(&[])).unwrap(), None);
+        assert_eq!(
+            precondition(&with(&[(header::IF_NONE_MATCH, "*")])).unwrap(),
+            Some(String::new())
+        );
+        assert!(precondition(&with(&[(header::IF_MATCH, &digest)]))
+            .unwrap()
+            .is_some_and(|d| d.starts_with("sha256:")));
+        // A malformed If-None-Match beside a good If-Match (what
+        // schemathesis sent) is a 400, not ignored.
+        assert!(precondition(&with(&[
+            (header::IF_MATCH, &digest),
+            (header::IF_NONE_MATCH, ";P*=="),
+        ]))
+        .is_err());
+        assert!(precondition(&with(&[
+            (header::IF_MATCH, &digest),
+            (header::IF_NONE_MATCH, "*"),
+        ]))
+        .is_err());
+        assert!(precondition(&with(&[(header::IF_MATCH, "sha256:zz")])).is_err());
+    }
 }
