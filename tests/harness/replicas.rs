@@ -196,6 +196,18 @@ async fn one_executor_each(
     (work, execs, exec_ids)
 }
 
+/// One real executor (`ex-b`) connected to replica B only, once B holds
+/// it; its workspace lives as long as the returned dir.
+async fn executor_on_b(ports: [u16; 2]) -> (tempfile::TempDir, Proc) {
+    let work = tempfile::tempdir().unwrap();
+    let exec = executor(ports[1], "tok-b", work.path());
+    until("the executor on B", || async {
+        holds(ports[1], "ex-b").await.then_some(())
+    })
+    .await;
+    (work, exec)
+}
+
 async fn two_replicas(db: &str, data: &Path) -> ([Proc; 2], [ApiClient; 2], [u16; 2]) {
     let ports = [free_port(), free_port()];
     let procs = [
@@ -404,13 +416,8 @@ async fn calls_on_any_replica_reach_the_sessions_executor() {
     };
     let data = tempfile::tempdir().unwrap();
     let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
-    let work = tempfile::tempdir().unwrap();
     // The executor is connected to replica B only.
-    let exec = executor(ports[1], "tok-b", work.path());
-    until("the executor on B", || async {
-        holds(ports[1], "ex-b").await.then_some(())
-    })
-    .await;
+    let (_work, exec) = executor_on_b(ports).await;
     assert!(!holds(ports[0], "ex-b").await);
 
     // Everything through replica A.
@@ -1191,14 +1198,9 @@ async fn a_terminal_attached_through_any_replica_reaches_its_executor() {
     };
     let data = tempfile::tempdir().unwrap();
     let (procs, clients, ports) = two_replicas(&db.url, data.path()).await;
-    let work = tempfile::tempdir().unwrap();
     // The executor is connected to replica B only; everything goes
     // through A.
-    let exec = executor(ports[1], "tok-b", work.path());
-    until("the executor on B", || async {
-        holds(ports[1], "ex-b").await.then_some(())
-    })
-    .await;
+    let (_work, exec) = executor_on_b(ports).await;
     let a = &clients[0];
     let (status, t) = a
         .open_terminal("ex-b", &json!({"terminalId": "t1", "argv": ["/bin/sh"]}))
