@@ -730,23 +730,34 @@ mod tests {
         u64::from_str_radix(line["SigIgn:".len()..].trim(), 16).unwrap()
     }
 
-    /// Runs itself again in a child process (the disposition is per
-    /// process, and the other tests must not inherit an ignored SIGINT).
+    /// For a test that changes something per process: false in the test
+    /// process, after running the test `name` again in a child process of
+    /// its own (marked by the variable `mark`) and asserting it passed;
+    /// true in that child, which then runs the test's body.
+    fn in_own_process(name: &str, mark: &str) -> bool {
+        if std::env::var_os(mark).is_some() {
+            return true;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--test-threads=1"])
+            .env(mark, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        false
+    }
+
+    /// In a process of its own: the other tests must not inherit an
+    /// ignored SIGINT.
     #[test]
     fn a_child_does_not_inherit_an_ignored_sigint() {
         const NAME: &str = "process::sys::tests::a_child_does_not_inherit_an_ignored_sigint";
-        if std::env::var_os("BMX_SIGIGN_CHILD").is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", NAME, "--test-threads=1"])
-                .env("BMX_SIGIGN_CHILD", "1")
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+        if !in_own_process(NAME, "BMX_SIGIGN_CHILD") {
             return;
         }
         // SAFETY: SIG_IGN for SIGINT in this throwaway process.
@@ -756,23 +767,12 @@ mod tests {
         assert_eq!(child_ignores(true) & bit, 0, "reset for our children");
     }
 
-    /// Runs itself again in a child process (the descriptor limit is per
-    /// process, and the other tests must not feel it).
+    /// In a process of its own: the descriptor limit is per process, and
+    /// the other tests must not feel it.
     #[test]
     fn proc_reads_survive_descriptor_exhaustion() {
         const NAME: &str = "process::sys::tests::proc_reads_survive_descriptor_exhaustion";
-        if std::env::var_os("BMX_EMFILE_CHILD").is_none() {
-            let out = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", NAME, "--test-threads=1"])
-                .env("BMX_EMFILE_CHILD", "1")
-                .output()
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success() && stdout.contains("1 passed"),
-                "{stdout}{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+        if !in_own_process(NAME, "BMX_EMFILE_CHILD") {
             return;
         }
         let low = libc::rlimit {
