@@ -121,6 +121,19 @@ pub enum Decision {
     Ended,
 }
 
+/// The sequence rule alone: what to do with event `sequence` when `last`
+/// is the last accepted (`None`: unknown, the event sets the start). The
+/// session actor also applies it to events accepted but not yet durable.
+pub fn decide_after(last: Option<u64>, sequence: u64) -> Decision {
+    match last {
+        None => Decision::Accept { acked: sequence },
+        Some(last) if sequence <= last => Decision::Repeat { acked: last },
+        // `last < sequence`, so `last + 1` cannot overflow.
+        Some(last) if sequence == last + 1 => Decision::Accept { acked: sequence },
+        Some(last) => Decision::Hole { expected: last + 1 },
+    }
+}
+
 /// Why a subscription was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum SubscribeError {
@@ -173,6 +186,30 @@ impl<S: Sink> EventLog<S> {
         Self::with_last(limits, None)
     }
 
+    /// A stream rebuilt from what a store kept (oldest first): it goes on
+    /// after the newest. Sequences must be consecutive; if they are not
+    /// (a store that lost rows), only the newest consecutive run is kept,
+    /// so a subscriber is never handed a hole as if it were the stream.
+    /// Nothing kept: the first event the executor sends sets the start.
+    pub fn restore(limits: LogLimits, kept: impl IntoIterator<Item = Stored>) -> Self {
+        let mut log = Self::with_last(limits, None);
+        for stored in kept {
+            if log
+                .last
+                .is_some_and(|last| last.checked_add(1) != Some(stored.sequence))
+            {
+                log.dropped += log.events.len() as u64;
+                log.events.clear();
+                log.bytes = 0;
+            }
+            log.last = Some(stored.sequence);
+            log.bytes += stored.cost();
+            log.events.push_back(Arc::new(stored));
+            log.trim(log.limits.max_events, log.limits.max_bytes);
+        }
+        log
+    }
+
     fn with_last(limits: LogLimits, last: Option<u64>) -> Self {
         EventLog {
             limits,
@@ -222,13 +259,7 @@ impl<S: Sink> EventLog<S> {
         if self.ended.is_some() {
             return Decision::Ended;
         }
-        match self.last {
-            None => Decision::Accept { acked: sequence },
-            Some(last) if sequence <= last => Decision::Repeat { acked: last },
-            // `last < sequence`, so `last + 1` cannot overflow.
-            Some(last) if sequence == last + 1 => Decision::Accept { acked: sequence },
-            Some(last) => Decision::Hole { expected: last + 1 },
-        }
+        decide_after(self.last, sequence)
     }
 
     /// Decide on event `sequence` and, if accepted, keep `json` and offer
@@ -666,5 +697,58 @@ mod tests {
                 prop_assert_eq!(&c.seen, &expected);
             }
         }
+    }
+
+    proptest! {
+        /// A log rebuilt from the events another log kept (what the store
+        /// holds, docs/store.md) goes on exactly where that one was: the
+        /// same last and oldest sequence, the same replay, the same
+        /// decision for whatever comes next.
+        #[test]
+        fn a_restored_log_goes_on_where_the_kept_one_was(
+            n in 0u64..60,
+            max_events in 1usize..20,
+            max_bytes in 64usize..2_000,
+            probe in 1u64..70,
+        ) {
+            let limits = LogLimits { max_events, max_bytes, ..LogLimits::default() };
+            let mut log: EventLog<Q> = EventLog::new(limits);
+            for s in 1..=n {
+                log.accept(s, js(s));
+            }
+            let kept: Vec<Stored> = log.events.iter().map(|e| (**e).clone()).collect();
+            let mut restored: EventLog<Q> = EventLog::restore(limits, kept);
+            if n == 0 {
+                // Nothing kept: the next event sets the start.
+                prop_assert_eq!(restored.decide(probe), Decision::Accept { acked: probe });
+            } else {
+                prop_assert_eq!(restored.last(), log.last());
+                prop_assert_eq!(restored.earliest(), log.earliest());
+                prop_assert_eq!(restored.decide(probe), log.decide(probe));
+                let a = log.subscribe(0, Q::new(1)).unwrap().1;
+                let b = restored.subscribe(0, Q::new(1)).unwrap().1;
+                prop_assert_eq!(a, b);
+            }
+        }
+    }
+
+    #[test]
+    fn a_restore_with_a_hole_keeps_only_the_newest_run() {
+        let stored = |n: u64| Stored {
+            sequence: n,
+            json: js(n)(),
+        };
+        let mut log: EventLog<Q> =
+            EventLog::restore(LogLimits::default(), [1, 2, 5, 6, 7].map(stored));
+        assert_eq!(log.last(), 7);
+        assert_eq!(log.earliest(), Some(5));
+        assert_eq!(log.dropped(), 2);
+        assert_eq!(log.decide(8), Decision::Accept { acked: 8 });
+        let (_, replay) = log.subscribe(0, Q::new(1)).unwrap();
+        assert_eq!(replay.gap, Some((1, 4)));
+        assert_eq!(
+            replay.events.iter().map(|e| e.sequence).collect::<Vec<_>>(),
+            vec![5, 6, 7]
+        );
     }
 }

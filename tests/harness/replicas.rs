@@ -1380,3 +1380,91 @@ where
         }
     }
 }
+
+/// The event stream of a dead replica's session goes on at the replica
+/// that takes it over (issue 17, docs/store.md "Session events"): the
+/// events A acknowledged are replayed by B as A showed them, a client
+/// resuming with its `Last-Event-ID` gets only what follows, and the
+/// executor's next sequence is the next one, under B's new grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replicas_event_stream_goes_on_where_it_is_taken_over() {
+    use super::harness_common::{dial_endpoint, send_event, sse_at};
+    use bmx::wire::types::Resume;
+    let Some(db) = super::pg_support::fresh("replicas_events") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let OnA {
+        mut a,
+        b,
+        ports,
+        fake,
+        connection,
+        session: s,
+    } = a_session_on_a(&db.url, data.path(), "ev-take", 20_000).await;
+    let said = |n: u64| json!({"type": "agent.message", "text": format!("m{n}")});
+    for n in 1..=3 {
+        let r = send_event(&fake, "ev-take", "t1", n, said(n))
+            .await
+            .unwrap();
+        assert_eq!(r["ackedSequence"], n, "{r}");
+    }
+    let urls = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let path = "/v1/sessions/ev-take/events";
+    // Through B, forwarded to A.
+    let mut stream = sse_at(&urls[1], path, None, None).await;
+    assert_eq!(stream.status, 200, "{:?}", stream.body);
+    let before: Vec<serde_json::Value> = [
+        stream.next().await,
+        stream.next().await,
+        stream.next().await,
+    ]
+    .into_iter()
+    .map(|m| m.data)
+    .collect();
+    drop(stream);
+
+    // A dies; the executor resumes on B, which takes the session over.
+    a.0.kill().unwrap();
+    a.0.wait().unwrap();
+    drop(fake);
+    let mut fake = dial_endpoint(&ws_url(ports[1]), "tok-b").await.unwrap();
+    fake.register(Some(Resume {
+        executor_id: "ex-b".into(),
+        last_connection_id: connection,
+        active_sessions: vec!["ev-take".into()],
+    }))
+    .await
+    .unwrap();
+    fake.keep_alive();
+    let taken = until("B to hold the session", || async {
+        let (status, v) = client(ports[1]).get("/v1/sessions/ev-take").await.ok()?;
+        (status == 200 && v["state"] == "active").then_some(v)
+    })
+    .await;
+    assert!(
+        taken["fencingToken"].as_i64() > s["fencingToken"].as_i64(),
+        "{taken} after {s}"
+    );
+    assert_eq!(local_status(ports[1], "ev-take").await, 200);
+
+    let mut stream = sse_at(&urls[1], path, Some(1), None).await;
+    assert_eq!(stream.status, 200, "{:?}", stream.body);
+    assert_eq!(stream.next().await.data, before[1]);
+    assert_eq!(stream.next().await.data, before[2]);
+    let r = send_event(&fake, "ev-take", "t1", 3, said(3))
+        .await
+        .unwrap();
+    assert_eq!(r["ackedSequence"], 3, "a resend: {r}");
+    let r = send_event(&fake, "ev-take", "t1", 4, said(4))
+        .await
+        .unwrap();
+    assert_eq!(r["ackedSequence"], 4, "{r}");
+    let four = stream.next().await;
+    assert_eq!(four.data["sequence"], 4, "{:?}", four.data);
+    assert!(stream
+        .next_within(Duration::from_millis(300))
+        .await
+        .is_none());
+    assert!(b.term().success());
+}

@@ -704,13 +704,25 @@ struct E2e {
     h: bmx::harness::HarnessHandle,
     exec: bmx::executor::ExecutorHandle,
     _work: tempfile::TempDir,
+    _data: tempfile::TempDir,
     sid: String,
 }
 
+/// A harness over the embedded store (as `bmx up` and `bmx harness` run:
+/// events are acknowledged once durable) and a real executor with the
+/// test agent.
 async fn e2e(executor_id: &str) -> E2e {
+    use bmx::harness::store::{DurableState, SqliteStore};
+    let data = tempfile::tempdir().unwrap();
+    let db = SqliteStore::open_dir(data.path()).unwrap();
+    let durable = DurableState::open(std::sync::Arc::new(db)).unwrap();
     let (h, exec, work) = harness_with_executor_tweaked(
         executor_id,
-        |b| b.heartbeat_ms(200).lease_ttl_ms(5_000),
+        |b| {
+            b.heartbeat_ms(200)
+                .lease_ttl_ms(5_000)
+                .durable_state(durable)
+        },
         |c| {
             c.agents = vec![("test".into(), agent_argv())];
             c.interaction_timeout = Duration::from_secs(60);
@@ -724,6 +736,7 @@ async fn e2e(executor_id: &str) -> E2e {
         h,
         exec,
         _work: work,
+        _data: data,
         sid,
     }
 }

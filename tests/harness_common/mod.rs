@@ -317,8 +317,19 @@ pub async fn sse(
     last_event_id: Option<u64>,
     token: Option<&str>,
 ) -> Sse {
+    sse_at(&h.api_url(), path, last_event_id, token).await
+}
+
+/// [`sse`] against the harness API at `api_url` (a harness in another
+/// process).
+pub async fn sse_at(
+    api_url: &str,
+    path: &str,
+    last_event_id: Option<u64>,
+    token: Option<&str>,
+) -> Sse {
     let mut req = reqwest::Client::new()
-        .get(format!("{}{path}", h.api_url()))
+        .get(format!("{api_url}{path}"))
         .header("accept", "text/event-stream");
     if let Some(id) = last_event_id {
         req = req.header("last-event-id", id.to_string());

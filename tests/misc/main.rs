@@ -3,6 +3,7 @@
 //! (CI time, docs/testing.md).
 
 mod cli_logs;
+mod events_store;
 mod fuzz;
 mod lease_model;
 mod lease_model_pg;

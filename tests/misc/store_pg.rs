@@ -52,7 +52,7 @@ fn replicas_starting_together_migrate_once() {
             .collect()
     });
     for s in &stores {
-        assert_eq!(s.schema_version().unwrap(), 3);
+        assert_eq!(s.schema_version().unwrap(), 4);
     }
     // One row per migration, not one per replica.
     let url = db.url.clone();
@@ -64,7 +64,7 @@ fn replicas_starting_together_migrate_once() {
     })
     .join()
     .unwrap();
-    assert_eq!(rows, 3);
+    assert_eq!(rows, 4);
 }
 
 #[test]

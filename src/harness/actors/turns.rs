@@ -14,9 +14,24 @@
 //! is created ([`session_created`]); it outlives the session's end to serve
 //! the tail of the stream (trimmed to the ended limits) and stops when the
 //! platform's view forgets the session ([`forget`]). It is `temporary`:
-//! one that fails loses its log and pending interactions (its subscribers'
-//! streams end with `stream_closed`); the next use starts a fresh actor
-//! whose log takes the next sequence the executor sends as its start.
+//! one that fails loses its pending interactions (its subscribers' streams
+//! end with `stream_closed`); the next use starts a fresh actor.
+//!
+//! **Durable events.** With a store ([`DurableState`]), an accepted event
+//! is *staged*: written to the store, and only once that write is
+//! committed acknowledged to the executor, offered to stream clients and
+//! the platform's callback (`Committed`). A harness killed before the
+//! commit never acknowledged the event, so the executor sends it again.
+//! Deltas and interaction notices that arrive behind a staged event wait
+//! behind it, so clients still see everything in the order the executor
+//! sent it.
+//! The store keeps what the log keeps (the actor trims it to the log's
+//! oldest sequence), so an actor started for a session that already had
+//! one (after a harness restart, a crash of the actor, or a takeover by
+//! this replica) rebuilds its log from the store and goes on at the next
+//! sequence: clients resume with their `Last-Event-ID` across a restart.
+//! Without a store (or with nothing stored), the log takes the next
+//! sequence the executor sends as its start.
 
 use super::{alive, get_or_start};
 use crate::harness::error::ApiError;
@@ -25,6 +40,7 @@ use crate::harness::interactions::{
     AnswerError, InteractionState, InteractionView, Interactions, RequestDecision,
 };
 use crate::harness::runtime::Shared;
+use crate::harness::store::{DurableState, StoredEvent};
 use crate::harness::types::{HarnessEvent, SessionState};
 use crate::supervisor::ChildSpec;
 use crate::wire::types::{
@@ -34,13 +50,18 @@ use crate::wire::types::{
 use crate::wire::{ErrorCode, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use serde_json::json;
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Ids from the executor longer than this are refused (-32602).
 const MAX_ID_LEN: usize = 256;
 /// An event `type` longer than this is refused.
 const MAX_TYPE_LEN: usize = 128;
+/// How long a starting actor waits for writes queued before it (by the
+/// actor it replaces) to be durable, and for its events to load.
+const RESTORE_DEADLINE: Duration = Duration::from_secs(10);
 
 pub enum TurnsMsg {
     /// `session.event`, fenced.
@@ -91,6 +112,29 @@ pub enum TurnsMsg {
     Reset,
     /// Interaction deadlines.
     Tick,
+    /// The store committed the staged events up to `sequence` of grant
+    /// `generation` (from the store's writer thread).
+    Committed {
+        generation: u64,
+        sequence: u64,
+    },
+}
+
+/// What waits for a staged event's write to the store, in arrival order.
+enum Held {
+    /// An accepted event.
+    Event {
+        sequence: u64,
+        json: Arc<str>,
+        params: SessionEventParams,
+    },
+    /// A live item (delta, interaction notice) that came after one: shown
+    /// after it.
+    Live {
+        kind: &'static str,
+        json: Arc<str>,
+        event: HarnessEvent,
+    },
 }
 
 /// A subscriber's side: the replay, then its live items.
@@ -142,6 +186,21 @@ pub struct TurnsState {
     log: EventLog<ChannelSink>,
     interactions: Interactions,
     timer: super::DeadlineTimer<TurnsMsg>,
+    durable: Option<DurableState>,
+    /// Accepted events not yet durable and the live items behind them,
+    /// oldest first; it starts with an event whenever it is not empty
+    /// (always empty without a store). Its events are bounded by the
+    /// store's queue ([`DurableState::has_room`]), its live items by the
+    /// executor's frames between two commits.
+    held: VecDeque<Held>,
+    /// Bumped when the session id is granted anew: commits of the older
+    /// grant's events are then ignored.
+    generation: u64,
+    /// The session ended while events were staged: the stream ends once
+    /// they are shown.
+    pending_end: Option<String>,
+    /// The oldest sequence the store was last asked to keep.
+    floor: u64,
 }
 
 impl Actor for SessionTurns {
@@ -156,13 +215,35 @@ impl Actor for SessionTurns {
     ) -> Result<TurnsState, ActorProcessingErr> {
         let span = tracing::info_span!("session_turns", session = %a.session_id);
         let config = &a.shared.config;
-        let log = if a.fresh {
-            EventLog::new(config.event_log)
-        } else {
-            span.in_scope(|| tracing::info!("event stream rebuilt: the next event sets the start"));
-            EventLog::unknown(config.event_log)
+        let durable = a.shared.durable.get().cloned();
+        let mut log = match (&durable, a.fresh) {
+            (Some(d), true) => {
+                // A reused id: an older grant's events are not this one's.
+                d.clear_events(&a.session_id);
+                EventLog::new(config.event_log)
+            }
+            (None, true) => EventLog::new(config.event_log),
+            (Some(d), false) => {
+                let log = restore(d, &a.session_id, config.event_log).await;
+                span.in_scope(|| match log.earliest() {
+                    Some(first) => tracing::info!(
+                        first,
+                        last = log.last(),
+                        "event stream restored from the store"
+                    ),
+                    None => tracing::info!(
+                        "event stream rebuilt with nothing stored: the next event sets the start"
+                    ),
+                });
+                log
+            }
+            (None, false) => {
+                span.in_scope(|| {
+                    tracing::info!("event stream rebuilt: the next event sets the start")
+                });
+                EventLog::unknown(config.event_log)
+            }
         };
-        let mut log = log;
         // Started for a session already over (its first actor failed):
         // clients get what little there is and the end, never a stream
         // that waits forever.
@@ -176,14 +257,21 @@ impl Actor for SessionTurns {
             log.end(&reason);
         }
         a.shared.turns.insert(a.session_id.clone(), myself);
-        Ok(TurnsState {
+        let mut state = TurnsState {
             interactions: Interactions::new(config.interactions),
             shared: a.shared,
             session_id: a.session_id,
             span,
             log,
             timer: Default::default(),
-        })
+            durable,
+            held: VecDeque::new(),
+            generation: 0,
+            pending_end: None,
+            floor: 0,
+        };
+        state.trim_store();
+        Ok(state)
     }
 
     async fn handle(
@@ -214,6 +302,45 @@ impl Actor for SessionTurns {
     }
 }
 
+/// A log rebuilt from the store: first every write queued before (the
+/// events of an actor this one replaces), then the session's events. A
+/// store that fails, or is too slow, gives a log that does not know where
+/// the session is (as without a store): the executor's next event sets
+/// the start.
+async fn restore(
+    d: &DurableState,
+    session_id: &str,
+    limits: crate::harness::events::LogLimits,
+) -> EventLog<ChannelSink> {
+    let loaded = async {
+        d.wait_durable(d.last_ticket(), RESTORE_DEADLINE).await?;
+        let (d, id) = (d.clone(), session_id.to_owned());
+        let load = tokio::task::spawn_blocking(move || d.events(&id));
+        match tokio::time::timeout(RESTORE_DEADLINE, load).await {
+            Ok(Ok(events)) => events,
+            Ok(Err(e)) => Err(crate::harness::store::StoreError::Unavailable(
+                e.to_string(),
+            )),
+            Err(_) => Err(crate::harness::store::StoreError::Unavailable(format!(
+                "the events did not load within {RESTORE_DEADLINE:?}"
+            ))),
+        }
+    };
+    match loaded.await {
+        Ok(events) => EventLog::restore(
+            limits,
+            events.into_iter().map(|e| crate::harness::events::Stored {
+                sequence: e.sequence,
+                json: e.json,
+            }),
+        ),
+        Err(e) => {
+            tracing::warn!(session = %session_id, error = %e, "stored events not loaded; the stream restarts at the next event");
+            EventLog::unknown(limits)
+        }
+    }
+}
+
 fn answer<R: serde::Serialize>(reply: Option<Responder>, result: Result<R, RpcError>) {
     match (reply, result) {
         (Some(r), result) => r.send(result),
@@ -233,6 +360,23 @@ fn ms_until(stamp: &str) -> Option<u64> {
         time::OffsetDateTime::parse(stamp, &time::format_description::well_known::Rfc3339).ok()?;
     let left = at - time::OffsetDateTime::now_utc();
     Some(left.whole_milliseconds().clamp(0, i128::from(u64::MAX)) as u64)
+}
+
+/// The JSON record of a final event on the stream (serialized once: kept,
+/// stored and sent to every client as it is).
+fn record(p: &SessionEventParams) -> Arc<str> {
+    Arc::from(
+        json!({
+            "kind": "event",
+            "sessionId": p.session_id,
+            "turnId": p.turn_id,
+            "eventId": p.event_id,
+            "sequence": p.sequence,
+            "event": p.event,
+            "receivedAt": now_rfc3339(),
+        })
+        .to_string(),
+    )
 }
 
 /// The JSON record of an interaction notice on the event stream: the
@@ -257,7 +401,11 @@ impl TurnsState {
 
     fn handle(&mut self, myself: &ActorRef<TurnsMsg>, msg: TurnsMsg) {
         match msg {
-            TurnsMsg::Event { params, reply } => self.event(params, reply),
+            TurnsMsg::Event { params, reply } => self.event(myself, params, reply),
+            TurnsMsg::Committed {
+                generation,
+                sequence,
+            } => self.committed(generation, sequence),
             TurnsMsg::Delta(p) => self.delta(p),
             TurnsMsg::InteractionRequest { params, reply } => self.interaction(params, reply),
             TurnsMsg::InteractionCancel { params, reply } => {
@@ -313,13 +461,24 @@ impl TurnsState {
                 for v in self.interactions.cancel_all("session_ended") {
                     self.notice(&v);
                 }
-                self.log.end(&reason);
-                tracing::debug!(%reason, kept = self.log.len(), "session ended: event stream closed");
+                if self.held.is_empty() {
+                    self.end(&reason);
+                } else if self.pending_end.is_none() {
+                    // Events acknowledged before the end are shown first.
+                    self.pending_end = Some(reason);
+                }
             }
             TurnsMsg::Reset => {
                 self.log.end("session_restarted");
                 self.log = EventLog::new(self.shared.config.event_log);
                 self.interactions = Interactions::new(self.shared.config.interactions);
+                self.generation += 1;
+                self.held.clear();
+                self.pending_end = None;
+                self.floor = 0;
+                if let Some(d) = &self.durable {
+                    d.clear_events(&self.session_id);
+                }
             }
             TurnsMsg::Tick => {
                 let now = self.now();
@@ -333,12 +492,87 @@ impl TurnsState {
 
     /// Tell stream clients and the platform's callback about an interaction.
     fn notice(&mut self, v: &InteractionView) {
-        self.log.live("interaction", interaction_json(v));
-        self.shared
-            .emit(HarnessEvent::Interaction(Box::new(v.clone())));
+        self.live(
+            "interaction",
+            interaction_json(v),
+            HarnessEvent::Interaction(Box::new(v.clone())),
+        );
     }
 
-    fn event(&mut self, p: SessionEventParams, reply: Option<Responder>) {
+    /// Show a live item now, or behind the staged events that came before it.
+    fn live(&mut self, kind: &'static str, json: Arc<str>, event: HarnessEvent) {
+        if self.held.is_empty() {
+            self.log.live(kind, json);
+            self.shared.emit(event);
+        } else {
+            self.held.push_back(Held::Live { kind, json, event });
+        }
+    }
+
+    /// The stream ends: no more events are accepted, the log shrinks to
+    /// the ended limits (and the store with it).
+    fn end(&mut self, reason: &str) {
+        self.log.end(reason);
+        self.trim_store();
+        tracing::debug!(%reason, kept = self.log.len(), "session ended: event stream closed");
+    }
+
+    /// Ask the store to drop what the log dropped. The newest event always
+    /// stays (it tells a restored log where the session is), even when
+    /// the log keeps none.
+    fn trim_store(&mut self) {
+        let Some(d) = &self.durable else { return };
+        let floor = self.log.earliest().unwrap_or(self.log.last());
+        if floor > self.floor {
+            self.floor = floor;
+            d.trim_events(&self.session_id, floor);
+        }
+    }
+
+    /// Staged events up to `sequence` are durable: show them, in order.
+    fn committed(&mut self, generation: u64, sequence: u64) {
+        if generation != self.generation {
+            return;
+        }
+        loop {
+            match self.held.pop_front() {
+                Some(Held::Event {
+                    sequence: s,
+                    json,
+                    params,
+                }) if s <= sequence => match self.log.accept(s, || json) {
+                    crate::harness::events::Decision::Accept { .. } => {
+                        self.shared.emit(HarnessEvent::SessionEvent(params));
+                    }
+                    other => {
+                        tracing::warn!(sequence = s, decision = ?other, "a staged event was not taken by the log")
+                    }
+                },
+                Some(Held::Live { kind, json, event }) => {
+                    self.log.live(kind, json);
+                    self.shared.emit(event);
+                }
+                Some(later) => {
+                    self.held.push_front(later);
+                    break;
+                }
+                None => break,
+            }
+        }
+        if self.held.is_empty() {
+            if let Some(reason) = self.pending_end.take() {
+                self.end(&reason);
+            }
+        }
+        self.trim_store();
+    }
+
+    fn event(
+        &mut self,
+        myself: &ActorRef<TurnsMsg>,
+        p: SessionEventParams,
+        reply: Option<Responder>,
+    ) {
         if let Some(e) = bad_id("turnId", &p.turn_id).or_else(|| bad_id("eventId", &p.event_id)) {
             return answer::<Accepted>(reply, Err(e));
         }
@@ -355,37 +589,79 @@ impl TurnsState {
                 )),
             );
         }
-        let decision = self.log.accept(p.sequence, || {
-            Arc::from(
-                json!({
-                    "kind": "event",
-                    "sessionId": p.session_id,
-                    "turnId": p.turn_id,
-                    "eventId": p.event_id,
-                    "sequence": p.sequence,
-                    "event": p.event,
-                    "receivedAt": now_rfc3339(),
-                })
-                .to_string(),
-            )
+        use crate::harness::events::{decide_after, Decision};
+        let staged_last = self.held.iter().rev().find_map(|h| match h {
+            Held::Event { sequence, .. } => Some(*sequence),
+            Held::Live { .. } => None,
         });
-        use crate::harness::events::Decision;
-        let result = match decision {
-            Decision::Accept { acked } => {
-                let result = SessionEventResult {
-                    accepted: true,
-                    acked_sequence: acked,
-                    event_id: p.event_id.clone(),
-                };
+        let decision = match staged_last {
+            _ if self.pending_end.is_some() => Decision::Ended,
+            Some(last) if self.log.ended().is_none() => decide_after(Some(last), p.sequence),
+            _ => self.log.decide(p.sequence),
+        };
+        let ack = |acked: u64, event_id: String| SessionEventResult {
+            accepted: true,
+            acked_sequence: acked,
+            event_id,
+        };
+        let result = match (decision, self.durable.clone()) {
+            (Decision::Accept { acked }, None) => {
+                self.log.accept(p.sequence, || record(&p));
+                let result = ack(acked, p.event_id.clone());
                 self.shared.emit(HarnessEvent::SessionEvent(p));
                 Ok(result)
             }
-            Decision::Repeat { acked } => Ok(SessionEventResult {
-                accepted: true,
-                acked_sequence: acked,
-                event_id: p.event_id,
-            }),
-            Decision::Hole { expected } => {
+            (Decision::Accept { acked }, Some(d)) => {
+                if !d.has_room(1) {
+                    return answer::<Accepted>(
+                        reply,
+                        Err(
+                            RpcError::internal("the harness store is busy; send it again")
+                                .with_reason("store_busy")
+                                .with_retryable(true),
+                        ),
+                    );
+                }
+                let json = record(&p);
+                let fencing_token = self
+                    .shared
+                    .sessions
+                    .get(&self.session_id)
+                    .map_or(0, |s| s.fencing_token);
+                let result = ack(acked, p.event_id.clone());
+                let (me, generation) = (myself.clone(), self.generation);
+                d.put_event(
+                    StoredEvent {
+                        session_id: self.session_id.clone(),
+                        fencing_token,
+                        sequence: acked,
+                        json: json.clone(),
+                    },
+                    // The actor hears first, so a client that subscribes
+                    // after the executor's acknowledgement finds the event.
+                    Box::new(move || {
+                        let _ = me.send_message(TurnsMsg::Committed {
+                            generation,
+                            sequence: acked,
+                        });
+                        answer(reply, Ok(result));
+                    }),
+                );
+                self.held.push_back(Held::Event {
+                    sequence: acked,
+                    json,
+                    params: p,
+                });
+                return;
+            }
+            (Decision::Repeat { acked }, Some(d)) if staged_last.is_some() => {
+                // Acknowledged once what it repeats is durable.
+                let result = ack(acked, p.event_id);
+                d.after_commit(Box::new(move || answer(reply, Ok(result))));
+                return;
+            }
+            (Decision::Repeat { acked }, _) => Ok(ack(acked, p.event_id)),
+            (Decision::Hole { expected }, _) => {
                 tracing::debug!(sequence = p.sequence, expected, "event sequence hole");
                 Err(RpcError::conflict(
                     "unexpected_sequence",
@@ -396,7 +672,7 @@ impl TurnsState {
                 )
                 .with_expected_sequence(expected))
             }
-            Decision::Ended => {
+            (Decision::Ended, _) => {
                 Err(RpcError::session_not_active(&self.session_id).with_reason("session_ended"))
             }
         };
@@ -416,8 +692,11 @@ impl TurnsState {
             "index": p.index,
             "text": p.text,
         });
-        self.log.live("delta", Arc::from(json.to_string()));
-        self.shared.emit(HarnessEvent::SessionEventDelta(p));
+        self.live(
+            "delta",
+            Arc::from(json.to_string()),
+            HarnessEvent::SessionEventDelta(p),
+        );
     }
 
     fn interaction(&mut self, p: InteractionRequestParams, reply: Option<Responder>) {

@@ -1,6 +1,6 @@
 //! Durable harness state over a [`DurableBackend`] (docs/store.md): the
-//! fencing high-water mark, the platform's sessions and the tool results
-//! acknowledged to executors.
+//! fencing high-water mark, the platform's sessions, the tool results
+//! acknowledged to executors and the sessions' agent event streams.
 //!
 //! Database calls block, and the leases actor that decides leases runs on the
 //! async threads, so nothing here writes on the caller's thread. Writes are
@@ -26,12 +26,18 @@
 //! * **Tool results** are acknowledged to the executor (which resends until
 //!   acknowledged) and handed to the platform only after they are durable:
 //!   a crash before the commit means the executor sends the result again.
+//! * **Session events** (`session.event`) follow the same rule: acknowledged
+//!   and shown to stream clients only once durable. The store keeps what
+//!   the session's in-memory log keeps (its retention limits): the
+//!   session's stream actor trims the stored events to its log's oldest
+//!   ([`DurableState::trim_events`]) and, when the id is granted anew,
+//!   clears them ([`DurableState::clear_events`]).
 
 use super::StoreError;
 use crate::harness::types::{SessionInfo, SessionState};
 use crate::lease::LeaseStore;
 use crate::wire::types::ToolResultParams;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -78,6 +84,18 @@ pub struct StoredResult {
     pub result: ToolResultParams,
 }
 
+/// A final event of a session's agent stream that was accepted, as kept:
+/// its sequence and the JSON record stream clients receive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub session_id: String,
+    /// The grant it came under (for the record; a session taken over by
+    /// another replica keeps its stream across grants).
+    pub fencing_token: u64,
+    pub sequence: u64,
+    pub json: Arc<str>,
+}
+
 /// Run once the write it was queued with is durable.
 pub type AfterCommit = Box<dyn FnOnce() + Send>;
 
@@ -96,6 +114,15 @@ pub struct Commit<'a> {
     /// had, when known: a store shared by replicas deletes only that
     /// grant's row, never a newer one another replica made.
     pub deleted_tokens: &'a HashMap<String, u64>,
+    /// Sessions whose stored events all go, before `events` are written
+    /// (the id was granted anew: its stream starts over).
+    pub cleared_events: &'a HashSet<String>,
+    /// Session events to insert (replacing one of the same session and
+    /// sequence).
+    pub events: &'a [StoredEvent],
+    /// Per session, the oldest sequence to keep: events below it go, after
+    /// `events` are written.
+    pub event_floors: &'a HashMap<String, u64>,
     /// Reserve a block of this many fencing tokens in the same transaction.
     pub reserve: Option<u64>,
 }
@@ -135,6 +162,13 @@ pub trait DurableBackend: Send + Sync {
     ///
     /// The database fails or a row does not decode.
     fn load(&self) -> Result<(Vec<StoredSession>, Vec<StoredResult>), StoreError>;
+
+    /// The stored events of one session, by sequence (oldest first).
+    ///
+    /// # Errors
+    ///
+    /// The database fails.
+    fn events(&self, session_id: &str) -> Result<Vec<StoredEvent>, StoreError>;
 }
 
 #[derive(Default)]
@@ -143,14 +177,30 @@ struct Batch {
     sessions: HashMap<String, Option<StoredSession>>,
     deleted_tokens: HashMap<String, u64>,
     results: Vec<StoredResult>,
+    cleared_events: HashSet<String>,
+    events: Vec<StoredEvent>,
+    event_floors: HashMap<String, u64>,
     reserve: bool,
     after: Vec<AfterCommit>,
 }
 
 impl Batch {
+    /// Drop the session's event writes queued so far: a clear or a delete
+    /// queued after them supersedes them. (A commit applies deletes and
+    /// clears before inserts and floors, so without this an event queued
+    /// before a delete would outlive it, and a floor of the old stream
+    /// would cut into the new one.)
+    fn forget_events(&mut self, session_id: &str) {
+        self.events.retain(|e| e.session_id != session_id);
+        self.event_floors.remove(session_id);
+    }
+
     fn is_empty(&self) -> bool {
         self.sessions.is_empty()
             && self.results.is_empty()
+            && self.cleared_events.is_empty()
+            && self.events.is_empty()
+            && self.event_floors.is_empty()
             && !self.reserve
             && self.after.is_empty()
     }
@@ -266,6 +316,7 @@ impl DurableState {
     /// grant's row goes (see [`Commit::deleted_tokens`]).
     pub fn delete_grant(&self, session_id: &str, fencing_token: u64) -> u64 {
         self.enqueue(|b| {
+            b.forget_events(session_id);
             b.sessions.insert(session_id.to_owned(), None);
             b.deleted_tokens
                 .insert(session_id.to_owned(), fencing_token);
@@ -275,15 +326,16 @@ impl DurableState {
     /// Queue the removal of a session and its results (retention forgot it).
     pub fn delete_session(&self, session_id: &str) -> u64 {
         self.enqueue(|b| {
+            b.forget_events(session_id);
             b.sessions.insert(session_id.to_owned(), None);
             b.deleted_tokens.remove(session_id);
         })
     }
 
-    /// Whether `n` more results or acknowledgements fit in the queue.
+    /// Whether `n` more results, events or acknowledgements fit in the queue.
     pub fn has_room(&self, n: usize) -> bool {
         let q = lock(&self.inner.queue);
-        q.pending.results.len() + q.pending.after.len() + n <= MAX_QUEUED
+        q.pending.results.len() + q.pending.events.len() + q.pending.after.len() + n <= MAX_QUEUED
     }
 
     /// Queue a tool result; `then` runs on the writer thread once it is
@@ -295,6 +347,50 @@ impl DurableState {
             b.results.push(result);
             b.after.push(then);
         })
+    }
+
+    /// Queue an accepted session event; `then` runs on the writer thread
+    /// once it is committed (acknowledge the executor, show it to stream
+    /// clients). Check [`has_room`](Self::has_room) first, as for results.
+    pub fn put_event(&self, event: StoredEvent, then: AfterCommit) -> u64 {
+        self.enqueue(|b| {
+            b.events.push(event);
+            b.after.push(then);
+        })
+    }
+
+    /// Queue the removal of a session's events below `floor` (its log's
+    /// retention dropped them).
+    pub fn trim_events(&self, session_id: &str, floor: u64) -> u64 {
+        self.enqueue(|b| {
+            let f = b.event_floors.entry(session_id.to_owned()).or_default();
+            *f = (*f).max(floor);
+        })
+    }
+
+    /// Queue the removal of all of a session's events (its id was granted
+    /// anew). Events of it queued before and not yet being written are
+    /// dropped from the queue: the clear comes first in a commit.
+    pub fn clear_events(&self, session_id: &str) -> u64 {
+        self.enqueue(|b| {
+            b.forget_events(session_id);
+            b.cleared_events.insert(session_id.to_owned());
+        })
+    }
+
+    /// The stored events of one session (oldest first). Blocking.
+    ///
+    /// # Errors
+    ///
+    /// The database fails or a row does not decode.
+    pub fn events(&self, session_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.db.events(session_id)
+    }
+
+    /// The ticket of the newest write queued so far: once it is durable,
+    /// everything queued before this call is.
+    pub fn last_ticket(&self) -> u64 {
+        lock(&self.inner.queue).seq
     }
 
     /// Run `then` once everything queued so far is committed.
@@ -474,6 +570,9 @@ fn run_writer(inner: Arc<Inner>) {
                 sessions: &batch.sessions,
                 deleted_tokens: &batch.deleted_tokens,
                 results: &batch.results,
+                cleared_events: &batch.cleared_events,
+                events: &batch.events,
+                event_floors: &batch.event_floors,
                 reserve: batch.reserve.then_some(FENCING_BLOCK),
             };
             match inner.db.commit(&commit) {
@@ -649,5 +748,52 @@ mod tests {
         let (sessions, results) = d.load().unwrap();
         assert_eq!(sessions.len(), 1);
         assert!(results.is_empty());
+    }
+
+    #[tokio::test]
+    async fn events_round_trip_trim_clear_and_go_with_their_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(dir.path());
+        let ev = |sid: &str, n: u64| StoredEvent {
+            session_id: sid.into(),
+            fencing_token: 7,
+            sequence: n,
+            json: Arc::from(format!("{{\"sequence\":{n}}}")),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        for n in 1..=5 {
+            let tx = tx.clone();
+            d.put_event(ev("s1", n), Box::new(move || tx.send(n).unwrap()));
+        }
+        d.put_event(ev("s2", 1), Box::new(|| {}));
+        // Floors apply after the batch's inserts: 1 and 2 go.
+        let t = d.trim_events("s1", 3);
+        d.wait_durable(t, Duration::from_secs(10)).await.unwrap();
+        let acked: Vec<u64> = (0..5)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        assert_eq!(acked, vec![1, 2, 3, 4, 5], "after-commit runs in order");
+        let seqs = |d: &DurableState, sid: &str| -> Vec<u64> {
+            d.events(sid).unwrap().iter().map(|e| e.sequence).collect()
+        };
+        assert_eq!(seqs(&d, "s1"), vec![3, 4, 5]);
+        assert_eq!(d.events("s1").unwrap()[0], ev("s1", 3));
+        // A clear drops what is queued for the session before it, and what
+        // is stored; what is queued after it is kept.
+        d.put_event(ev("s2", 2), Box::new(|| {}));
+        d.clear_events("s2");
+        let t = d.put_event(ev("s2", 1), Box::new(|| {}));
+        d.wait_durable(t, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(seqs(&d, "s2"), vec![1]);
+        // They survive a reopen, and go with their session.
+        d.shutdown();
+        drop(d);
+        let d = open(dir.path());
+        assert_eq!(seqs(&d, "s1"), vec![3, 4, 5]);
+        let t = d.delete_session("s1");
+        d.wait_durable(t, Duration::from_secs(10)).await.unwrap();
+        assert!(seqs(&d, "s1").is_empty());
+        assert_eq!(seqs(&d, "s2"), vec![1]);
+        d.shutdown();
     }
 }

@@ -24,7 +24,7 @@ use serde::Serialize;
 
 pub use self::pg_replicas::PgReplicas;
 pub use self::postgres::PgStore;
-pub use durable::{Commit, DurableBackend, DurableState};
+pub use durable::{Commit, DurableBackend, DurableState, StoredEvent};
 pub use sqlite::SqliteStore;
 
 /// Why a store call failed.
@@ -49,6 +49,12 @@ pub enum StoreError {
     /// A write did not become durable in time, or the writer stopped.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+}
+
+/// A `u64` as the databases' signed 64-bit integer (SQLite's `INTEGER`,
+/// PostgreSQL's `BIGINT`): past `i64::MAX` is refused, never wrapped.
+pub(crate) fn big(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
 }
 
 /// `e: cause: cause…`, each cause once (a client error often repeats its

@@ -35,7 +35,7 @@
 
 use super::durable::{state_name, StoredResult, StoredSession};
 use super::postgres::PgStore;
-use super::StoreError;
+use super::{big, StoreError};
 use crate::harness::replica::TakeoverRow;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::types::Type;
@@ -616,10 +616,6 @@ impl Drop for PgReplicas {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-fn big(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
 }
 
 /// A row of `info, lease_expires_at_ms, executor_id, state, owner seen

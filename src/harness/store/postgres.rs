@@ -36,15 +36,17 @@
 //! [`DurableState`]: super::DurableState
 
 use super::durable::{
-    state_name, Commit, DurableBackend, StoredResult, StoredSession, RESULTS_KEPT_PER_SESSION,
+    state_name, Commit, DurableBackend, StoredEvent, StoredResult, StoredSession,
+    RESULTS_KEPT_PER_SESSION,
 };
 use super::pg_tls::{self, Tls};
-use super::{Credential, Store, StoreError};
+use super::{big, Credential, Store, StoreError};
 use crate::harness::enroll::{Enrollment, Status};
 use crate::harness::runtime::unix_ms;
 use crate::harness::types::SessionInfo;
 use postgres::{Client, GenericClient, Row};
 use r2d2_postgres::PostgresConnectionManager;
+use std::sync::Arc;
 use std::time::Duration;
 
 type Pool = r2d2::Pool<PostgresConnectionManager<Tls>>;
@@ -129,6 +131,16 @@ const MIGRATIONS: &[&str] = &[
         id TEXT PRIMARY KEY,
         url TEXT NOT NULL,
         seen_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    );",
+    // 4: the sessions' agent event streams (accepted `session.event`s,
+    // trimmed to the in-memory log's retention).
+    "CREATE TABLE session_events (
+        session_id TEXT NOT NULL,
+        sequence BIGINT NOT NULL,
+        fencing_token BIGINT NOT NULL,
+        json TEXT NOT NULL,
+        written_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        PRIMARY KEY (session_id, sequence)
     );",
 ];
 
@@ -506,11 +518,6 @@ fn credential_row(r: &Row) -> Result<Credential, StoreError> {
     })
 }
 
-/// A `u64` as PostgreSQL's `BIGINT`.
-fn big(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{v} does not fit a BIGINT")))
-}
-
 fn put(c: &mut impl GenericClient, e: &Enrollment) -> Result<(), StoreError> {
     c.execute(
         &format!(
@@ -750,6 +757,26 @@ impl DurableBackend for PgStore {
         let replica = self.replica.get().map(String::as_str);
         self.with(|c| Ok(commit(c, batch, replica)))?
     }
+
+    fn events(&self, session_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let rows = self.with(|c| {
+            c.query(
+                "SELECT sequence, fencing_token, json FROM session_events \
+                 WHERE session_id = $1 ORDER BY sequence",
+                &[&session_id],
+            )
+        })?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredEvent {
+                    session_id: session_id.to_owned(),
+                    sequence: ms(r.try_get(0)?)?,
+                    fencing_token: ms(r.try_get(1)?)?,
+                    json: Arc::from(r.try_get::<_, &str>(2)?),
+                })
+            })
+            .collect()
+    }
 }
 
 /// Write a session's snapshot as replica `me`: only over the row of the
@@ -807,6 +834,7 @@ fn commit(
                 };
                 if gone > 0 {
                     tx.execute("DELETE FROM tool_results WHERE session_id = $1", &[id])?;
+                    tx.execute("DELETE FROM session_events WHERE session_id = $1", &[id])?;
                 }
             }
             (Some(s), None) => {
@@ -841,6 +869,7 @@ fn commit(
             (None, None) => {
                 tx.execute("DELETE FROM sessions WHERE session_id = $1", &[id])?;
                 tx.execute("DELETE FROM tool_results WHERE session_id = $1", &[id])?;
+                tx.execute("DELETE FROM session_events WHERE session_id = $1", &[id])?;
             }
         }
     }
@@ -867,12 +896,47 @@ fn commit(
             &[&r.session_id, &kept],
         )?;
     }
+    write_events(&mut tx, b)?;
     let block = match b.reserve {
         Some(n) => Some(reserve(&mut tx, n)?),
         None => None,
     };
     tx.commit()?;
     Ok(block)
+}
+
+/// A batch's session events: clears, then inserts, then floors (the order
+/// [`Commit`] documents).
+fn write_events(tx: &mut postgres::Transaction<'_>, b: &Commit<'_>) -> Result<(), StoreError> {
+    for id in b.cleared_events {
+        tx.execute("DELETE FROM session_events WHERE session_id = $1", &[id])?;
+    }
+    if !b.events.is_empty() {
+        let insert = tx.prepare(
+            "INSERT INTO session_events (session_id, sequence, fencing_token, json) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (session_id, sequence) DO UPDATE SET \
+             fencing_token = excluded.fencing_token, json = excluded.json, written_at = now()",
+        )?;
+        for e in b.events {
+            tx.execute(
+                &insert,
+                &[
+                    &e.session_id,
+                    &big(e.sequence)?,
+                    &big(e.fencing_token)?,
+                    &&*e.json,
+                ],
+            )?;
+        }
+    }
+    for (id, floor) in b.event_floors {
+        tx.execute(
+            "DELETE FROM session_events WHERE session_id = $1 AND sequence < $2",
+            &[id, &big(*floor)?],
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

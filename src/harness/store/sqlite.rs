@@ -6,14 +6,15 @@
 //! refused rather than misread.
 
 use super::durable::{
-    state_name, Commit, DurableBackend, StoredResult, StoredSession, RESULTS_KEPT_PER_SESSION,
+    state_name, Commit, DurableBackend, StoredEvent, StoredResult, StoredSession,
+    RESULTS_KEPT_PER_SESSION,
 };
-use super::{Credential, Store, StoreError};
+use super::{big, Credential, Store, StoreError};
 use crate::harness::enroll::{Enrollment, Status};
 use crate::harness::types::SessionInfo;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Migration N is `MIGRATIONS[N-1]`. Append only; never edit one that shipped.
@@ -69,6 +70,15 @@ const MIGRATIONS: &[&str] = &[
         result TEXT NOT NULL,
         UNIQUE (session_id, tool_call_id)
     );",
+    // 3: the sessions' agent event streams (accepted `session.event`s,
+    // trimmed to the in-memory log's retention).
+    "CREATE TABLE session_events (
+        session_id TEXT NOT NULL,
+        sequence INTEGER NOT NULL,
+        fencing_token INTEGER NOT NULL,
+        json TEXT NOT NULL,
+        PRIMARY KEY (session_id, sequence)
+    ) WITHOUT ROWID;",
 ];
 
 /// The SQLite store. One connection behind a mutex: the harness's write
@@ -454,6 +464,10 @@ impl DurableBackend for SqliteStore {
                         "DELETE FROM tool_results WHERE session_id = ?1",
                         params![id],
                     )?;
+                    tx.execute(
+                        "DELETE FROM session_events WHERE session_id = ?1",
+                        params![id],
+                    )?;
                 }
             }
         }
@@ -474,6 +488,7 @@ impl DurableBackend for SqliteStore {
                 params![r.session_id, RESULTS_KEPT_PER_SESSION as i64],
             )?;
         }
+        write_events(&tx, c)?;
         let block = match c.reserve {
             Some(n) => Some(reserve(&tx, n)?),
             None => None,
@@ -481,6 +496,62 @@ impl DurableBackend for SqliteStore {
         tx.commit()?;
         Ok(block)
     }
+
+    fn events(&self, session_id: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare_cached(
+            "SELECT sequence, fencing_token, json FROM session_events \
+             WHERE session_id = ?1 ORDER BY sequence",
+        )?;
+        let rows = stmt.query_map(params![session_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (sequence, token, json) = row?;
+            out.push(StoredEvent {
+                session_id: session_id.to_owned(),
+                fencing_token: token as u64,
+                sequence: sequence as u64,
+                json: Arc::from(json),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A batch's session events: clears, then inserts, then floors (the order
+/// [`Commit`] documents).
+fn write_events(tx: &rusqlite::Transaction<'_>, c: &Commit<'_>) -> Result<(), StoreError> {
+    for id in c.cleared_events {
+        tx.execute(
+            "DELETE FROM session_events WHERE session_id = ?1",
+            params![id],
+        )?;
+    }
+    let mut insert = tx.prepare_cached(
+        "INSERT OR REPLACE INTO session_events (session_id, sequence, fencing_token, json) \
+         VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for e in c.events {
+        insert.execute(params![
+            e.session_id,
+            big(e.sequence)?,
+            big(e.fencing_token)?,
+            &*e.json
+        ])?;
+    }
+    for (id, floor) in c.event_floors {
+        tx.execute(
+            "DELETE FROM session_events WHERE session_id = ?1 AND sequence < ?2",
+            params![id, big(*floor)?],
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
