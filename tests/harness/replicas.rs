@@ -1468,3 +1468,47 @@ async fn a_dead_replicas_event_stream_goes_on_where_it_is_taken_over() {
         .is_none());
     assert!(b.term().success());
 }
+
+/// A database outage (issue 17): the calls that need the database answer
+/// 503 `store_unavailable` in bounded time instead of a partial page or
+/// a hang, and both replicas serve them again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_gives_503_and_the_replicas_recover() {
+    let Some(db) = super::pg_support::fresh("replicas_outage") else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let ([a, b], clients, _) = two_replicas(&db.url, data.path()).await;
+    for c in &clients {
+        assert_eq!(c.get("/v1/executors").await.unwrap().0, 200);
+        assert_eq!(c.get("/v1/sessions").await.unwrap().0, 200);
+    }
+    db.set_reachable(false);
+    for c in &clients {
+        for path in ["/v1/executors", "/v1/sessions"] {
+            let v = until("a 503 during the outage", || async {
+                let (status, v) = c.get(path).await.ok()?;
+                (status == 503).then_some(v)
+            })
+            .await;
+            assert_eq!(
+                v["error"]["data"]["reason"], "store_unavailable",
+                "{path}: {v}"
+            );
+        }
+        // The process itself is up.
+        assert_eq!(c.get("/v1/health").await.unwrap().0, 200);
+    }
+    db.set_reachable(true);
+    for c in &clients {
+        for path in ["/v1/executors", "/v1/sessions"] {
+            until("the replica to serve again", || async {
+                let (status, _) = c.get(path).await.ok()?;
+                (status == 200).then_some(())
+            })
+            .await;
+        }
+    }
+    assert!(a.term().success());
+    assert!(b.term().success());
+}

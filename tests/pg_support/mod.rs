@@ -66,6 +66,32 @@ pub fn fresh(label: &str) -> Option<TestDb> {
     Some(TestDb { admin, name, url })
 }
 
+impl TestDb {
+    /// Let clients connect to this database, or not: off also ends every
+    /// session on it, so a store sees an outage (its connections broken,
+    /// new ones refused) while the rest of the server goes on serving the
+    /// other tests' databases.
+    pub fn set_reachable(&self, on: bool) {
+        let admin = self.admin.clone();
+        let sql = if on {
+            format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", self.name)
+        } else {
+            format!(
+                "ALTER DATABASE {0} ALLOW_CONNECTIONS false; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{0}'",
+                self.name
+            )
+        };
+        std::thread::spawn(move || {
+            let mut c =
+                postgres::Client::connect(&admin, postgres::NoTls).expect("connect BMX_TEST_PG");
+            c.batch_execute(&sql).expect("change the test database");
+        })
+        .join()
+        .unwrap();
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
         let admin = self.admin.clone();
