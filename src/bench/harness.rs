@@ -774,21 +774,21 @@ impl Dispatch for Sim {
     }
 }
 
-struct Connected {
-    link: Link,
+pub(super) struct Connected {
+    pub(super) link: Link,
     connection_id: String,
 }
 
 async fn connect(endpoint: &Endpoint, i: usize) -> Result<Connected, String> {
-    let t = transport::dial(
-        endpoint,
-        &sim_secret(i),
-        &Subprotocol::ALL,
-        1 << 20,
-        CALL_TIMEOUT,
-    )
-    .await
-    .map_err(|e| format!("dial: {e}"))?;
+    connect_with(endpoint, &sim_secret(i)).await
+}
+
+/// A simulated executor (answers as [`Sim`]) registered at `endpoint`
+/// with `secret`.
+pub(super) async fn connect_with(endpoint: &Endpoint, secret: &str) -> Result<Connected, String> {
+    let t = transport::dial(endpoint, secret, &Subprotocol::ALL, 1 << 20, CALL_TIMEOUT)
+        .await
+        .map_err(|e| format!("dial: {e}"))?;
     let (link, reader) = Link::start(t, "e", LinkLimits::default());
     let slot = Arc::new(Mutex::new(Some(link.clone())));
     tokio::spawn(async move {

@@ -4,6 +4,7 @@
 pub mod affinity;
 pub mod buffering;
 pub mod computer;
+pub mod events;
 pub mod harness;
 pub mod local;
 pub mod mcp;

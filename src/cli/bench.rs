@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, computer, harness, mcp, rfb, scale, turns, visor};
+use crate::bench::{buffering, computer, events, harness, mcp, rfb, scale, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -84,6 +84,28 @@ pub enum BenchCommand {
         /// Requests in flight, one row each.
         #[arg(long, value_delimiter = ',', default_value = "1,32")]
         in_flight: Vec<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Agent event stream: `session.event` acknowledgements per second and
+    /// their latency with the embedded store (and PostgreSQL with
+    /// `--store`), against the same harness keeping events in memory.
+    Events {
+        /// Events of the rate measurement.
+        #[arg(long, default_value_t = 20_000)]
+        events: u64,
+        /// Events sent one at a time for the latency.
+        #[arg(long, default_value_t = 2_000)]
+        latency_events: u64,
+        /// Events outstanding at once in the rate measurement.
+        #[arg(long, default_value_t = 32)]
+        in_flight: usize,
+        /// Runs per store (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// A PostgreSQL URL: a third row over it.
+        #[arg(long)]
+        store: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -285,6 +307,23 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 concurrency: in_flight.into_iter().filter(|&k| k > 0).collect(),
             };
             report("mcp", json, mcp::run(&opts).await, |r| r.table())
+        }
+        BenchCommand::Events {
+            events,
+            latency_events,
+            in_flight,
+            runs,
+            store,
+            json,
+        } => {
+            let opts = events::EventsOptions {
+                events: events.max(1),
+                latency_events: latency_events.max(1),
+                in_flight: in_flight.max(1),
+                runs,
+                store,
+            };
+            report("events", json, events::run(&opts).await, |r| r.table())
         }
         BenchCommand::Turns {
             agent,
