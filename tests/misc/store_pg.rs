@@ -388,24 +388,36 @@ fn the_pool_serves_calls_at_once_and_replaces_killed_connections() {
     }
     // Four callers at once: the store opens more than one connection (the
     // single-connection store queued them all on one), and never more than
-    // its bound.
-    let peak = std::thread::scope(|sc| {
-        let callers: Vec<_> = (0..4)
-            .map(|_| {
-                sc.spawn(|| {
-                    for _ in 0..300 {
-                        s.enrollments(10).unwrap();
-                    }
+    // its bound. A busy machine may run the callers one after another, so
+    // a burst that never overlapped is tried again (at most ten bursts).
+    let burst = |admin: &mut postgres::Client| {
+        let start = std::sync::Barrier::new(4);
+        std::thread::scope(|sc| {
+            let callers: Vec<_> = (0..4)
+                .map(|_| {
+                    sc.spawn(|| {
+                        start.wait();
+                        for _ in 0..300 {
+                            s.enrollments(10).unwrap();
+                        }
+                    })
                 })
-            })
-            .collect();
-        let mut peak = 0;
-        while !callers.iter().all(|c| c.is_finished()) {
-            peak = peak.max(backends(&mut admin));
-        }
-        peak.max(backends(&mut admin))
-    });
-    assert!((2..=4).contains(&peak), "{peak} connections");
+                .collect();
+            let mut peak = 0;
+            while !callers.iter().all(|c| c.is_finished()) {
+                peak = peak.max(backends(admin));
+            }
+            peak.max(backends(admin))
+        })
+    };
+    let mut peaks = Vec::new();
+    while peaks.len() < 10 && !peaks.iter().any(|p| *p >= 2) {
+        peaks.push(burst(&mut admin));
+    }
+    assert!(
+        peaks.iter().any(|p| *p >= 2) && peaks.iter().all(|p| *p <= 4),
+        "connections per burst: {peaks:?}"
+    );
     // Every connection of the store killed by the server: a call may meet
     // a dead connection (which is then dropped), and the store opens new
     // ones; it never stays broken.
