@@ -62,6 +62,11 @@ const MAX_TYPE_LEN: usize = 128;
 /// How long a starting actor waits for writes queued before it (by the
 /// actor it replaces) to be durable, and for its events to load.
 const RESTORE_DEADLINE: Duration = Duration::from_secs(10);
+/// Live items held behind staged events at most (a store that stops
+/// committing must not grow the queue without end). Past it a live item
+/// is not shown: live items are never replayed anyway, and a client
+/// that reconnects reads the final events and interactions as kept.
+const MAX_HELD_LIVE: usize = 4096;
 
 pub enum TurnsMsg {
     /// `session.event`, fenced.
@@ -190,9 +195,10 @@ pub struct TurnsState {
     /// Accepted events not yet durable and the live items behind them,
     /// oldest first; it starts with an event whenever it is not empty
     /// (always empty without a store). Its events are bounded by the
-    /// store's queue ([`DurableState::has_room`]), its live items by the
-    /// executor's frames between two commits.
+    /// store's queue ([`DurableState::has_room`]), its live items by
+    /// [`MAX_HELD_LIVE`] (`held_live` counts them).
     held: VecDeque<Held>,
+    held_live: usize,
     /// Bumped when the session id is granted anew: commits of the older
     /// grant's events are then ignored.
     generation: u64,
@@ -266,6 +272,7 @@ impl Actor for SessionTurns {
             timer: Default::default(),
             durable,
             held: VecDeque::new(),
+            held_live: 0,
             generation: 0,
             pending_end: None,
             floor: 0,
@@ -474,6 +481,7 @@ impl TurnsState {
                 self.interactions = Interactions::new(self.shared.config.interactions);
                 self.generation += 1;
                 self.held.clear();
+                self.held_live = 0;
                 self.pending_end = None;
                 self.floor = 0;
                 if let Some(d) = &self.durable {
@@ -504,8 +512,14 @@ impl TurnsState {
         if self.held.is_empty() {
             self.log.live(kind, json);
             self.shared.emit(event);
-        } else {
+        } else if self.held_live < MAX_HELD_LIVE {
+            self.held_live += 1;
             self.held.push_back(Held::Live { kind, json, event });
+        } else {
+            tracing::debug!(
+                kind,
+                "live item not shown: the store has not committed the events before it"
+            );
         }
     }
 
@@ -549,6 +563,7 @@ impl TurnsState {
                     }
                 },
                 Some(Held::Live { kind, json, event }) => {
+                    self.held_live -= 1;
                     self.log.live(kind, json);
                     self.shared.emit(event);
                 }
