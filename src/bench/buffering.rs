@@ -15,12 +15,17 @@
 //!   long-polls of 1 MiB through the real executor, the process started
 //!   with `outputPolicy: "lossless"` and an 8 MiB ring (`--window`): the
 //!   producer is held back by the reader, as a pipe would hold it back,
-//!   and any lost byte would show as a gap (which fails the run);
+//!   and any lost byte would show as a gap (which fails the run). Run
+//!   alternately with `raw_pipe` (unpinned, the same producer: the path
+//!   needs both cores), its ratio the median of the pairs': a baseline
+//!   measured minutes apart swung the ratio with whatever else the
+//!   machine did meanwhile;
 //! * `e2e_<codec>_big_ring`: the same reads of a process with the default
 //!   policy (`ring`) and a ring as large as the whole output, so the reader
 //!   never falls a ring behind: what a client without `lossless` must do to
 //!   see every byte. Every byte lands in fresh memory the kernel zeroes
-//!   first, which is most of the difference to `e2e_<codec>`;
+//!   first, which is most of the difference to `e2e_<codec>`. Paired with
+//!   `raw_pipe` like `e2e_<codec>`;
 //! * `pty`: through `ioMode: "pty"` into the ring, against the same producer
 //!   under `script -qc` read from a pipe (`pty_script`), alternately, its
 //!   ratio the median of the pairs'.
@@ -53,6 +58,7 @@ pub struct Ratios {
     pub ring_ingest: f64,
     /// Of the pairs where the scheduler placed the threads.
     pub ring_ingest_unpinned: f64,
+    /// Each e2e ratio: the median of its pairs' ratios to `raw_pipe`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_json: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,7 +75,7 @@ pub struct BufferingReport {
     pub bytes: u64,
     pub runs: usize,
     pub pty_bytes: u64,
-    /// Unpinned: the baseline of the e2e rows, which need both cores.
+    /// Unpinned, of the ring's pairs (each e2e row has pairs of its own).
     pub raw_pipe_mbps: f64,
     pub ring_ingest_mbps: f64,
     /// Both rows with the process pinned to one CPU.
@@ -83,6 +89,16 @@ pub struct BufferingReport {
     pub e2e_json_big_ring_mbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub e2e_msgpack_big_ring_mbps: Option<f64>,
+    /// The median `raw_pipe` of each e2e row's own pairs: the baseline its
+    /// ratio is taken against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_json_raw_pipe_mbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_msgpack_raw_pipe_mbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_json_big_ring_raw_pipe_mbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub e2e_msgpack_big_ring_raw_pipe_mbps: Option<f64>,
     pub pty_mbps: f64,
     pub pty_script_mbps: f64,
     pub ratios: Ratios,
@@ -335,82 +351,113 @@ fn middle(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The median of `runs` measurements (in MB/s) of one row.
-async fn median<F, Fut>(runs: usize, expected: u64, what: &str, f: F) -> Result<f64, String>
+/// The medians of `runs` alternating pairs: of the baseline (MB/s), of
+/// the row (MB/s) and of the pairs' ratios.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Paired {
+    base: f64,
+    row: f64,
+    ratio: f64,
+}
+
+impl Paired {
+    /// Summarise `(baseline, row)` MB/s pairs; `None` when there are none.
+    fn of(runs: &[(f64, f64)]) -> Option<Paired> {
+        if runs.is_empty() {
+            return None;
+        }
+        let pick = |f: fn(&(f64, f64)) -> f64| middle(runs.iter().map(f).collect());
+        Some(Paired {
+            base: pick(|p| p.0),
+            row: pick(|p| p.1),
+            ratio: pick(|p| p.1 / p.0.max(1e-9)),
+        })
+    }
+}
+
+/// `runs` alternating pairs: a `raw_pipe` run of `argv` (the baseline),
+/// then a run of the row, each checked to have seen all `bytes`.
+///
+/// Why pairs: the machine's other work comes in bursts of seconds to
+/// minutes; a burst then lands on both halves of a pair instead of on one
+/// row, and the median of the pairs' ratios drops the pair it spoiled.
+async fn pairs<F, Fut>(
+    runs: usize,
+    bytes: u64,
+    argv: &[String],
+    what: &str,
+    row: F,
+) -> Result<Paired, String>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<(u64, Duration), String>>,
 {
-    let mut v = Vec::with_capacity(runs);
+    let mut v = Vec::with_capacity(runs.max(1));
     for _ in 0..runs.max(1) {
-        let (n, took) = f().await?;
-        if n != expected {
-            return Err(format!("{what} saw {n} of {expected} bytes"));
-        }
-        v.push(mbps(n, took));
-        tracing::debug!(what, mbps = mbps(n, took), "one run");
+        let base = checked(bytes, "raw pipe", drain_pipe(argv).await?)?;
+        let r = checked(bytes, what, row().await?)?;
+        tracing::debug!(what, raw_pipe = base, mbps = r, "one pair");
+        v.push((base, r));
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    Ok(v[v.len() / 2])
-}
-
-/// `runs` alternating pairs of the raw pipe and the ring: the medians of
-/// each row (MB/s) and of the pairs' ratios.
-async fn pairs(runs: usize, bytes: u64, argv: &[String]) -> Result<(f64, f64, f64), String> {
-    let mut raw = Vec::with_capacity(runs.max(1));
-    let mut ring = Vec::with_capacity(runs.max(1));
-    let mut paired = Vec::with_capacity(runs.max(1));
-    for _ in 0..runs.max(1) {
-        let r = checked(bytes, "raw pipe", drain_pipe(argv).await?)?;
-        let i = checked(bytes, "ring ingest", ingest(bytes, IoMode::Pipe).await?)?;
-        raw.push(r);
-        ring.push(i);
-        paired.push(i / r);
-    }
-    Ok((middle(raw), middle(ring), middle(paired)))
+    Paired::of(&v).ok_or_else(|| format!("{what}: no runs"))
 }
 
 pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
     let runs = opts.runs;
     let argv = producer(opts.bytes)?;
-    // The baseline and the ring row alternate, run by run, and the ratio
-    // is the median of each pair's ratio: a burst of other work on the
-    // machine then lands on both halves of a pair instead of on one row.
-    // First with everything on one CPU (the target's pairs), then where
-    // the scheduler puts it (the e2e rows' baseline: they need both).
+    // Every row alternates with its baseline, run by run, and its ratio is
+    // the median of each pair's ratio ([`pairs`]). The ring: first with
+    // everything on one CPU (the target's pairs), then where the scheduler
+    // puts it. The e2e rows need both cores: their pairs are unpinned.
+    let ring = || ingest(opts.bytes, IoMode::Pipe);
     let cpu = super::affinity::first_cpu().map_err(|e| format!("CPU mask: {e}"))?;
     let pinned = {
         let _pin =
             super::affinity::pin_process(cpu).map_err(|e| format!("pin to CPU {cpu}: {e}"))?;
-        pairs(runs, opts.bytes, &argv).await?
+        pairs(runs, opts.bytes, &argv, "ring ingest", ring).await?
     };
-    let free = pairs(runs, opts.bytes, &argv).await?;
-    let raw_pipe_mbps = free.0;
-    let ring_ingest_mbps = free.1;
+    let free = pairs(runs, opts.bytes, &argv, "ring ingest", ring).await?;
     let mut report = BufferingReport {
         bytes: opts.bytes,
         runs,
         pty_bytes: opts.pty_bytes,
-        raw_pipe_mbps,
-        ring_ingest_mbps,
-        pinned_raw_pipe_mbps: pinned.0,
-        pinned_ring_ingest_mbps: pinned.1,
+        raw_pipe_mbps: free.base,
+        ring_ingest_mbps: free.row,
+        pinned_raw_pipe_mbps: pinned.base,
+        pinned_ring_ingest_mbps: pinned.row,
         ..Default::default()
     };
+    let mut e2e_ratios = Ratios::default();
     for &codec in &opts.codecs {
         for keep in [Keep::Lossless(opts.window), Keep::BigRing] {
             let what = format!("e2e {codec:?} {keep:?}");
-            let v = median(runs, opts.bytes, &what, || {
+            let p = pairs(runs, opts.bytes, &argv, &what, || {
                 e2e(opts.bytes, codec, opts.read_bytes, keep)
             })
             .await?;
-            let slot = match (codec, keep) {
-                (Codec::Json, Keep::Lossless(_)) => &mut report.e2e_json_mbps,
-                (Codec::MsgPack, Keep::Lossless(_)) => &mut report.e2e_msgpack_mbps,
-                (Codec::Json, Keep::BigRing) => &mut report.e2e_json_big_ring_mbps,
-                (Codec::MsgPack, Keep::BigRing) => &mut report.e2e_msgpack_big_ring_mbps,
+            let (mbps, base, ratio) = match (codec, keep) {
+                (Codec::Json, Keep::Lossless(_)) => (
+                    &mut report.e2e_json_mbps,
+                    &mut report.e2e_json_raw_pipe_mbps,
+                    &mut e2e_ratios.e2e_json,
+                ),
+                (Codec::MsgPack, Keep::Lossless(_)) => (
+                    &mut report.e2e_msgpack_mbps,
+                    &mut report.e2e_msgpack_raw_pipe_mbps,
+                    &mut e2e_ratios.e2e_msgpack,
+                ),
+                (Codec::Json, Keep::BigRing) => (
+                    &mut report.e2e_json_big_ring_mbps,
+                    &mut report.e2e_json_big_ring_raw_pipe_mbps,
+                    &mut e2e_ratios.e2e_json_big_ring,
+                ),
+                (Codec::MsgPack, Keep::BigRing) => (
+                    &mut report.e2e_msgpack_big_ring_mbps,
+                    &mut report.e2e_msgpack_big_ring_raw_pipe_mbps,
+                    &mut e2e_ratios.e2e_msgpack_big_ring,
+                ),
             };
-            *slot = Some(v);
+            (*mbps, *base, *ratio) = (Some(p.row), Some(p.base), Some(p.ratio));
         }
     }
     let command = producer(opts.pty_bytes)?.join(" ");
@@ -433,13 +480,10 @@ pub async fn run(opts: &BufferingOptions) -> Result<BufferingReport, String> {
     report.pty_mbps = middle(pty);
     report.pty_script_mbps = middle(baseline);
     report.ratios = Ratios {
-        ring_ingest: pinned.2,
-        ring_ingest_unpinned: free.2,
-        e2e_json: report.e2e_json_mbps.map(|v| v / raw_pipe_mbps),
-        e2e_msgpack: report.e2e_msgpack_mbps.map(|v| v / raw_pipe_mbps),
-        e2e_json_big_ring: report.e2e_json_big_ring_mbps.map(|v| v / raw_pipe_mbps),
-        e2e_msgpack_big_ring: report.e2e_msgpack_big_ring_mbps.map(|v| v / raw_pipe_mbps),
+        ring_ingest: pinned.ratio,
+        ring_ingest_unpinned: free.ratio,
         pty: middle(pty_ratio),
+        ..e2e_ratios
     };
     Ok(report)
 }
@@ -457,7 +501,12 @@ impl BufferingReport {
                 .unwrap_or_else(|| "1.00".into());
             out.push_str(&format!("{name:<20} {v:>12.1} {r:>10}  {against}\n"));
         };
-        row("raw_pipe", self.raw_pipe_mbps, None, "baseline");
+        row(
+            "raw_pipe",
+            self.raw_pipe_mbps,
+            None,
+            "baseline (of the ring's pairs)",
+        );
         row(
             "ring_ingest",
             self.ring_ingest_mbps,
@@ -476,27 +525,40 @@ impl BufferingReport {
             Some(self.ratios.ring_ingest),
             "of raw_pipe_1cpu (pairs; the target)",
         );
-        if let Some(v) = self.e2e_json_mbps {
-            row("e2e_json", v, self.ratios.e2e_json, "of raw_pipe");
-        }
-        if let Some(v) = self.e2e_msgpack_mbps {
-            row("e2e_msgpack", v, self.ratios.e2e_msgpack, "of raw_pipe");
-        }
-        if let Some(v) = self.e2e_json_big_ring_mbps {
-            row(
+        let e2e = [
+            (
+                "e2e_json",
+                self.e2e_json_mbps,
+                self.ratios.e2e_json,
+                self.e2e_json_raw_pipe_mbps,
+            ),
+            (
+                "e2e_msgpack",
+                self.e2e_msgpack_mbps,
+                self.ratios.e2e_msgpack,
+                self.e2e_msgpack_raw_pipe_mbps,
+            ),
+            (
                 "e2e_json_big_ring",
-                v,
+                self.e2e_json_big_ring_mbps,
                 self.ratios.e2e_json_big_ring,
-                "of raw_pipe",
-            );
-        }
-        if let Some(v) = self.e2e_msgpack_big_ring_mbps {
-            row(
+                self.e2e_json_big_ring_raw_pipe_mbps,
+            ),
+            (
                 "e2e_msgpack_big_ring",
-                v,
+                self.e2e_msgpack_big_ring_mbps,
                 self.ratios.e2e_msgpack_big_ring,
-                "of raw_pipe",
-            );
+                self.e2e_msgpack_big_ring_raw_pipe_mbps,
+            ),
+        ];
+        for (name, v, ratio, base) in e2e {
+            if let Some(v) = v {
+                let against = format!(
+                    "of raw_pipe (pairs; their raw_pipe {:.1})",
+                    base.unwrap_or_default()
+                );
+                row(name, v, ratio, &against);
+            }
         }
         row("pty_script", self.pty_script_mbps, None, "PTY baseline");
         row(
@@ -531,4 +593,42 @@ pub fn produce(bytes: u64) -> std::io::Result<()> {
         left -= n as u64;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paired_ratio_is_the_median_of_the_pairs_not_of_the_medians() {
+        // A burst on the second pair slows both halves: its ratio stays.
+        let p = Paired::of(&[(2000.0, 600.0), (1000.0, 300.0), (3000.0, 750.0)]).unwrap();
+        assert_eq!(p.base, 2000.0);
+        assert_eq!(p.row, 600.0);
+        assert_eq!(p.ratio, 0.3);
+        assert_eq!(Paired::of(&[]), None);
+    }
+
+    #[test]
+    fn the_table_names_each_e2e_rows_own_baseline() {
+        let r = BufferingReport {
+            raw_pipe_mbps: 2500.0,
+            e2e_json_mbps: Some(700.0),
+            e2e_json_raw_pipe_mbps: Some(2800.0),
+            ratios: Ratios {
+                e2e_json: Some(0.25),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let t = r.table();
+        let line = t.lines().find(|l| l.starts_with("e2e_json ")).unwrap();
+        assert!(line.contains("0.25"), "{line}");
+        assert!(line.contains("raw_pipe 2800.0"), "{line}");
+        assert!(!t.contains("e2e_msgpack"));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["e2e_json_raw_pipe_mbps"], 2800.0);
+        assert_eq!(json["ratios"]["e2e_json"], 0.25);
+        assert!(json.get("e2e_msgpack_raw_pipe_mbps").is_none());
+    }
 }

@@ -48,7 +48,7 @@ impl Codec {
         Ok(match self {
             Codec::Json => {
                 let mut out = Vec::with_capacity(payload / 3 * 4 + 4 + envelope);
-                serde_json::to_writer(&mut out, value)?;
+                super::blob::encode_json(value, &mut out)?;
                 // SAFETY: serde_json writes valid UTF-8 only (its own
                 // `to_string` relies on the same); skipping the check saves
                 // a pass over a megabyte-sized answer.

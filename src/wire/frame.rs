@@ -263,8 +263,16 @@ impl Inbound {
         }
     }
 
-    /// Decode `result` of a response.
+    /// Decode `result` of a response. A large JSON one with a long base64
+    /// string (a `process.read` answer) first tries
+    /// [`decode_json_spliced`](super::blob::decode_json_spliced), which
+    /// spares serde_json the string; it gives the same result or none.
     pub fn result<R: DeserializeOwned>(&self) -> Result<R, CodecError> {
+        if self.codec == Codec::Json && self.bytes.len() >= FAST_RESPONSE_MIN {
+            if let Some(w) = super::blob::decode_json_spliced::<WithResult<R>>(&self.bytes) {
+                return Ok(w.result);
+            }
+        }
         super::blob::decode_within(&self.bytes, || {
             self.codec.decode::<WithResult<R>>(&self.bytes)
         })
@@ -407,6 +415,44 @@ mod tests {
                 FrameKind::Response { .. } | FrameKind::Error { .. }
             ));
         }
+    }
+
+    #[test]
+    fn a_large_json_read_answer_decodes_as_it_was_encoded() {
+        use crate::wire::types::{ProcState, ProcessReadResult, Stream};
+        use crate::wire::{Blob, BlobRef};
+        let data: Vec<u8> = (0..=255u8).cycle().take(1 << 20).collect();
+        let sent = ProcessReadResult {
+            process_id: "p".into(),
+            stream: Stream::Stdout,
+            data: BlobRef(&data),
+            from_cursor: 0,
+            next_cursor: data.len() as u64,
+            earliest_cursor: 0,
+            gap: false,
+            truncated: false,
+            eof: false,
+            state: ProcState::Running,
+            exit_code: None,
+            exit_signal: None,
+            ended_at: None,
+            reason: Some("a \"quoted\" reason".into()),
+            file_transfer: None,
+        };
+        let id = Id::Str("r-1".into());
+        let out = OutResult {
+            jsonrpc: JSONRPC,
+            id: &id,
+            result: &sent,
+        };
+        let msg = Codec::Json.encode_sized(&out, data.len()).unwrap();
+        let text = msg.into_text().unwrap();
+        assert_eq!(text.as_str(), serde_json::to_string(&out).unwrap());
+        let f = Inbound::parse(Codec::Json, Bytes::from(text)).unwrap();
+        let got: ProcessReadResult<Blob> = f.result().unwrap();
+        assert_eq!(got.data.as_slice(), &data[..]);
+        assert_eq!(got.reason.as_deref(), sent.reason.as_deref());
+        assert_eq!(got.next_cursor, sent.next_cursor);
     }
 
     #[test]
