@@ -1077,14 +1077,7 @@ impl LeasesState {
     fn tool_result(&mut self, p: ToolResultParams, reply: Option<Responder>) {
         let durable = self.shared.durable.get().cloned();
         if durable.as_ref().is_some_and(|d| !d.has_room(1)) {
-            return answer::<Accepted>(
-                reply,
-                Err(
-                    RpcError::internal("the harness store is busy; send it again")
-                        .with_reason("store_busy")
-                        .with_retryable(true),
-                ),
-            );
+            return answer::<Accepted>(reply, Err(store_busy()));
         }
         let (session_id, call_id) = (p.session_id.clone(), p.tool_call_id.clone());
         let fencing_token = self.views.get(&session_id).map_or(0, |v| v.fencing_token);
@@ -1125,6 +1118,15 @@ impl LeasesState {
             }
         }
     }
+}
+
+/// The store's write queue is full: an executor's frame (a result, an
+/// event) is refused as retryable, never dropped; the executor sends it
+/// again.
+pub(crate) fn store_busy() -> RpcError {
+    RpcError::internal("the harness store is busy; send it again")
+        .with_reason("store_busy")
+        .with_retryable(true)
 }
 
 /// The durable store could not take a write in time: retryable.

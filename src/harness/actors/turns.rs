@@ -628,14 +628,7 @@ impl TurnsState {
             }
             (Decision::Accept { acked }, Some(d)) => {
                 if !d.has_room(1) {
-                    return answer::<Accepted>(
-                        reply,
-                        Err(
-                            RpcError::internal("the harness store is busy; send it again")
-                                .with_reason("store_busy")
-                                .with_retryable(true),
-                        ),
-                    );
+                    return answer::<Accepted>(reply, Err(super::leases::store_busy()));
                 }
                 let json = record(&p);
                 let fencing_token = self
