@@ -202,12 +202,18 @@ impl<S: Sink> EventLog<S> {
                 log.events.clear();
                 log.bytes = 0;
             }
-            log.last = Some(stored.sequence);
-            log.bytes += stored.cost();
-            log.events.push_back(Arc::new(stored));
-            log.trim(log.limits.max_events, log.limits.max_bytes);
+            log.keep(Arc::new(stored));
         }
         log
+    }
+
+    /// Keep `stored` as the newest event (it is the last accepted) and
+    /// apply the live retention limits.
+    fn keep(&mut self, stored: Arc<Stored>) {
+        self.last = Some(stored.sequence);
+        self.bytes += stored.cost();
+        self.events.push_back(stored);
+        self.trim(self.limits.max_events, self.limits.max_bytes);
     }
 
     fn with_last(limits: LogLimits, last: Option<u64>) -> Self {
@@ -271,10 +277,7 @@ impl<S: Sink> EventLog<S> {
                 sequence,
                 json: json(),
             });
-            self.last = Some(sequence);
-            self.bytes += stored.cost();
-            self.events.push_back(stored.clone());
-            self.trim(self.limits.max_events, self.limits.max_bytes);
+            self.keep(stored.clone());
             self.fan_out(|cursor| {
                 // A subscriber whose cursor is not just before this event
                 // already has it (it was replayed) or is behind a gap that

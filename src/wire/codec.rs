@@ -48,7 +48,15 @@ impl Codec {
         Ok(match self {
             Codec::Json => {
                 let mut out = Vec::with_capacity(payload / 3 * 4 + 4 + envelope);
-                super::blob::encode_json(value, &mut out)?;
+                // Only a frame that says it carries bytes (a read answer)
+                // takes the blob-direct writer; every other frame keeps
+                // serde_json's plain one, with no thread-local check per
+                // write. The bytes written are the same either way.
+                if payload > 0 {
+                    super::blob::encode_json(value, &mut out)?;
+                } else {
+                    serde_json::to_writer(&mut out, value)?;
+                }
                 // SAFETY: serde_json writes valid UTF-8 only (its own
                 // `to_string` relies on the same); skipping the check saves
                 // a pass over a megabyte-sized answer.
