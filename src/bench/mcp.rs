@@ -11,6 +11,9 @@
 //!
 //! Each row runs `calls` calls with 1 and with 32 in flight and reports
 //! latency p50/p99 and calls per second; the ratios are proxied/direct.
+//! Both clients run on a thread and runtime of their own, off the
+//! harness's workers; beside the latencies, each row reports the CPU and
+//! the context switches per call that explain them.
 
 use super::local::Local;
 use bmx::executor::mcp::sse::SseReader;
@@ -44,7 +47,20 @@ pub struct Row {
     /// the same endpoint and answered 202 by the channel actor without
     /// reaching the executor (HTTP round trip + one actor hop).
     pub harness_only_p50_us: f64,
-    /// proxied p50 / direct p50 (the issue's target: at most 2).
+    /// CPU of this process (the client thread; and, proxied, the harness
+    /// and the executor) per call, in µs.
+    pub direct_bmx_cpu_us: f64,
+    pub proxied_bmx_cpu_us: f64,
+    /// CPU of the direct row's server (node) per call, in µs.
+    pub direct_server_cpu_us: f64,
+    /// Context switches of this process's threads per call: how often a
+    /// thread slept and was woken. At one in flight each is a wake-up of
+    /// an idle thread, which on a VM costs tens of µs of latency and CPU
+    /// (docs/benchmarks.md).
+    pub direct_switches: f64,
+    pub proxied_switches: f64,
+    /// proxied p50 / direct p50 (the issue's target: at most 3, "adds at
+    /// most 2× the direct latency").
     pub p50_ratio: f64,
     /// direct calls/s / proxied calls/s.
     pub throughput_ratio: f64,
@@ -76,6 +92,18 @@ impl McpReport {
                 r.p50_ratio,
                 r.throughput_ratio,
                 r.harness_only_p50_us
+            ));
+        }
+        s.push_str("CPU per call: direct = bench client + node; proxied = bench client + harness + executor (+ its node)\n");
+        for r in &self.rows {
+            s.push_str(&format!(
+                "{:>9} direct {:.0}us + {:.0}us, proxied {:.0}us; context switches of bmx per call: direct {:.2}, proxied {:.2}\n",
+                r.in_flight,
+                r.direct_bmx_cpu_us,
+                r.direct_server_cpu_us,
+                r.proxied_bmx_cpu_us,
+                r.direct_switches,
+                r.proxied_switches
             ));
         }
         s
@@ -292,10 +320,8 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             opts.command.display()
         )
     })?;
-    // The baseline.
-    let direct = Arc::new(Direct::start(&command).await?);
-
-    // The proxied path: harness + executor in process, on loopback.
+    // The proxied path: harness + executor in this process's runtime, on
+    // loopback, as `bmx up` runs them.
     let local = Local::start(|_| {}).await?;
     let session = local
         .session(
@@ -303,10 +329,71 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             "transport": {"type": "stdio", "command": command}}]}),
         )
         .await?;
-    let mut proxied = Proxied {
-        http: local.http.clone(),
+    let target = Target {
+        command,
         url: local.url(&format!("/v1/sessions/{session}/mcp/ev")),
         auth: local.auth(),
+        calls: opts.calls,
+        concurrency: opts.concurrency.clone(),
+    };
+    let rows = on_client_thread(move || clients(target)).await;
+    local.shutdown().await;
+    Ok(McpReport {
+        calls: opts.calls,
+        rows: rows?,
+    })
+}
+
+/// What the client side needs to know of the server side.
+struct Target {
+    command: PathBuf,
+    url: String,
+    auth: String,
+    calls: usize,
+    concurrency: Vec<usize>,
+}
+
+/// Runs the clients on a thread and runtime of their own, as a separate
+/// client process would: sharing the harness's runtime, the bench's
+/// client tasks took the harness's worker threads and were woken across
+/// them, which measured tokio's scheduling of the bench rather than the
+/// path (docs/benchmarks.md, issue 11). Both clients run there, so the
+/// baseline is measured the same way.
+async fn on_client_thread<F, Fut, T>(make: F) -> Result<T, String>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, String>>,
+    T: Send + 'static,
+{
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-client".into())
+        .spawn(move || {
+            let r = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(make()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = tx.send(r);
+        })
+        .map_err(|e| e.to_string())?;
+    rx.await
+        .map_err(|_| "the client thread failed".to_owned())?
+}
+
+/// Both clients, row by row.
+async fn clients(target: Target) -> Result<Vec<Row>, String> {
+    // The baseline.
+    let direct = Arc::new(Direct::start(&target.command).await?);
+    let mut proxied = Proxied {
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| e.to_string())?,
+        url: target.url,
+        auth: target.auth,
         session: String::new(),
     };
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
@@ -340,27 +427,45 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
         proxied.call(id).await?;
     }
     let mut rows = Vec::new();
-    for &k in &opts.concurrency {
+    for &k in &target.concurrency {
+        let cpu = || super::cpu_ms("self").unwrap_or(0.0);
+        let server = direct.child.id().map(|p| p.to_string()).unwrap_or_default();
+        let server_cpu = || super::cpu_ms(&server).unwrap_or(0.0);
+        let csw = || super::context_switches().unwrap_or(0);
+        let w0 = csw();
+        let (c0, s0) = (cpu(), server_cpu());
         let d = direct.clone();
-        let ds = measure(opts.calls, k, move |id| {
+        let ds = measure(target.calls, k, move |id| {
             let d = d.clone();
             async move { d.call(id, echo(id)).await }
         })
         .await?;
+        let (c1, s1) = (cpu(), server_cpu());
+        let w1 = csw();
         let p = proxied.clone();
-        let ps = measure(opts.calls, k, move |id| {
+        let ps = measure(target.calls, k, move |id| {
             let p = p.clone();
             async move { p.call(id).await }
         })
         .await?;
+        let c2 = cpu();
+        let w2 = csw();
         let p = proxied.clone();
-        let hs = measure(opts.calls, k, move |id| {
+        let hs = measure(target.calls, k, move |id| {
             let p = p.clone();
             async move { p.harness_only(id).await }
         })
         .await?;
         let us = |d: Duration| d.as_secs_f64() * 1e6;
+        // `measure` runs whole rounds of `k`.
+        let calls = (target.calls.div_ceil(k) * k) as f64;
+        let per_call = |ms: f64| ms * 1000.0 / calls;
         rows.push(Row {
+            direct_bmx_cpu_us: per_call(c1 - c0),
+            proxied_bmx_cpu_us: per_call(c2 - c1),
+            direct_server_cpu_us: per_call(s1 - s0),
+            direct_switches: w1.saturating_sub(w0) as f64 / calls,
+            proxied_switches: w2.saturating_sub(w1) as f64 / calls,
             in_flight: k,
             direct_p50_us: us(ds.p50),
             direct_p99_us: us(ds.p99),
@@ -373,13 +478,9 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             throughput_ratio: ds.per_s / ps.per_s,
         });
     }
-    local.shutdown().await;
     if let Ok(d) = Arc::try_unwrap(direct) {
         let mut child = d.child;
         let _ = child.kill().await;
     }
-    Ok(McpReport {
-        calls: opts.calls,
-        rows,
-    })
+    Ok(rows)
 }

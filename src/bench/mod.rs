@@ -14,6 +14,49 @@ pub mod scale;
 pub mod turns;
 pub mod visor;
 
+/// CPU time (user + system, every thread) of `/proc/<pid>` (`"self"` for
+/// this process), in milliseconds: what a row cost, beside what it took.
+/// Clock ticks of 10 ms, so a row should run for seconds.
+pub fn cpu_ms(pid: &str) -> Option<f64> {
+    let ticks = cpu_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&t| t > 0)
+        .unwrap_or(100);
+    Some(ticks as f64 * 1000.0 / hz as f64)
+}
+
+/// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` line. The
+/// command name before them is in parentheses and may hold spaces and
+/// parentheses itself: the fields start after the last `)`.
+fn cpu_ticks(stat: &str) -> Option<u64> {
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Context switches (voluntary and not) of every thread of this process so
+/// far: a thread that went to sleep and was woken counts one.
+pub fn context_switches() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue; // a thread that ended meanwhile
+        };
+        total += status
+            .lines()
+            .filter(|l| {
+                l.starts_with("voluntary_ctxt_switches")
+                    || l.starts_with("nonvoluntary_ctxt_switches")
+            })
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
 /// `VmRSS` of `/proc/<pid>` (`"self"` for this process), in KiB.
 pub fn rss_kib(pid: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -24,4 +67,27 @@ pub fn rss_kib(pid: &str) -> Option<u64> {
         .next()?
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_reads_the_fields_after_the_name() {
+        // A name with a space and a `)` of its own, as `/proc` prints it.
+        let stat = "4242 (we ird) x) S 1 4242 4242 0 -1 4194304 120 0 0 0 37 5 0 0 20 0 3 0 99 0 0";
+        assert_eq!(cpu_ticks(stat), Some(42));
+        assert_eq!(cpu_ticks("4242 (short) S 1 2"), None);
+        assert_eq!(cpu_ticks("no parenthesis"), None);
+    }
+
+    #[test]
+    fn this_process_has_cpu_time_and_context_switches() {
+        assert!(cpu_ms("self").is_some());
+        let before = context_switches().expect("readable /proc/self/task");
+        // A sleep is a voluntary switch of this thread.
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(context_switches().expect("readable") > before);
+    }
 }
