@@ -37,8 +37,10 @@ fn cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Context switches (voluntary and not) of every thread of this process so
-/// far: a thread that went to sleep and was woken counts one.
+/// Context switches (voluntary and not) of every live thread of this
+/// process so far: a thread that went to sleep and was woken counts one.
+/// A thread that ended (an idle blocking-pool thread) takes its count
+/// with it, so a difference of two readings can only undercount.
 pub fn context_switches() -> Option<u64> {
     let mut total = 0;
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
