@@ -1235,8 +1235,6 @@ async fn a_terminal_attached_through_any_replica_reaches_its_executor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_streams_through_any_replica_and_an_unreachable_owner() {
-    use bmx::wire::types::{StopParams, StopResult};
-    use bmx::wire::{Method, Responder};
     use futures_util::StreamExt;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     use tokio_tungstenite::tungstenite::Message;
@@ -1296,16 +1294,7 @@ async fn event_streams_through_any_replica_and_an_unreachable_owner() {
         let b = client(ports[1]);
         tokio::spawn(async move { b.delete("/v1/sessions/ev-1").await.unwrap() })
     };
-    let (p, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
-    assert_eq!(p.session_id, "ev-1");
-    r.ok(&StopResult { stopped: true });
-    let _: serde_json::Value = fake
-        .call(
-            Method::SessionEnded,
-            &json!({"sessionId": "ev-1", "reason": "stopped"}),
-        )
-        .await
-        .unwrap();
+    fake.end_as_stopped("ev-1").await;
     let (status, ended) = stop.await.unwrap();
     assert_eq!(status, 200, "{ended}");
     let end = text_frame(&mut ws).await;

@@ -394,7 +394,7 @@ fn acked(r: &Value) -> u64 {
 /// another restart.
 async fn events_scenario(store: Option<&str>) {
     use super::harness_common::{send_event, sse_at};
-    use bmx::wire::types::{AssignParams, AssignResult, StopParams};
+    use bmx::wire::types::{AssignParams, AssignResult};
     use bmx::wire::{Method, Responder};
     let data = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -490,15 +490,7 @@ async fn events_scenario(store: Option<&str>) {
         tokio::spawn(async move { client.delete("/v1/sessions/ev-1").await.unwrap() })
     };
     let mut fake = fake;
-    let (p, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
-    r.ok(&json!({"stopped": true}));
-    let _: Value = fake
-        .call(
-            Method::SessionEnded,
-            &json!({"sessionId": p.session_id, "reason": "stopped"}),
-        )
-        .await
-        .unwrap();
+    fake.end_as_stopped("ev-1").await;
     assert_eq!(stop.await.unwrap().0, 200);
     // The API answers before the state is written (only a grant waits
     // for the store): wait for the row, so the kill below finds it ended.

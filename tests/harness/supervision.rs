@@ -5,7 +5,7 @@
 
 use crate::harness_common;
 use bmx::harness::{HarnessHandle, SessionState};
-use bmx::wire::types::{Accepted, EndedParams, Resume, StopParams, StopResult, ToolCallParams};
+use bmx::wire::types::{Accepted, Resume, ToolCallParams};
 use bmx::wire::{CloseCode, Method, Responder};
 use harness_common::*;
 use serde_json::json;
@@ -36,20 +36,7 @@ async fn stop_session(h: &HarnessHandle, fake: &mut Fake, session: &str) {
     let client = api(h);
     let path = format!("/v1/sessions/{session}");
     let task = tokio::spawn(async move { client.delete(&path).await.unwrap() });
-    let (p, r): (StopParams, Responder) = fake.expect(Method::SessionStop).await;
-    assert_eq!(p.session_id, session);
-    r.ok(&StopResult { stopped: true });
-    let a: Accepted = fake
-        .call(
-            Method::SessionEnded,
-            &EndedParams {
-                session_id: session.into(),
-                reason: "stopped".into(),
-            },
-        )
-        .await
-        .unwrap();
-    assert!(a.accepted);
+    fake.end_as_stopped(session).await;
     let (status, v) = task.await.unwrap();
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["state"], "ended");

@@ -178,15 +178,7 @@ async fn sse_replays_after_and_last_event_id_with_no_gap_or_duplicate() {
         async move { api.delete(&path).await.unwrap() }
     });
     let mut fake = fake;
-    let (p, r): (bmx::wire::types::StopParams, Responder) = fake.expect(Method::SessionStop).await;
-    r.ok(&json!({"stopped": true}));
-    let _: Value = fake
-        .call(
-            Method::SessionEnded,
-            &json!({"sessionId": p.session_id, "reason": "stopped"}),
-        )
-        .await
-        .unwrap();
+    fake.end_as_stopped(&sid).await;
     assert_eq!(stop.await.unwrap().0, 200);
     let end = s.next().await;
     assert_eq!(end.event.as_deref(), Some("end"));

@@ -179,6 +179,28 @@ impl Fake {
         self.link.request(method, params, WAIT).await
     }
 
+    /// The executor's side of a session stop: the next `session.stop` is
+    /// for `session` and is acknowledged, then `session.ended` (reason
+    /// `stopped`) is reported and accepted. What a DELETE of the session
+    /// waits for.
+    pub async fn end_as_stopped(&mut self, session: &str) {
+        use bmx::wire::types::{Accepted, EndedParams, StopParams, StopResult};
+        let (p, r): (StopParams, Responder) = self.expect(Method::SessionStop).await;
+        assert_eq!(p.session_id, session);
+        r.ok(&StopResult { stopped: true });
+        let a: Accepted = self
+            .call(
+                Method::SessionEnded,
+                &EndedParams {
+                    session_id: session.into(),
+                    reason: "stopped".into(),
+                },
+            )
+            .await
+            .unwrap();
+        assert!(a.accepted);
+    }
+
     /// How the connection ended, waiting at most `within`.
     pub async fn closed_within(&mut self, within: Duration) -> Option<Closed> {
         tokio::time::timeout(within, &mut self.closed)
