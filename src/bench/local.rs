@@ -4,7 +4,6 @@
 
 use bmx::executor::{Executor, ExecutorConfig, ExecutorHandle, TokenSource};
 use bmx::harness::{Harness, HarnessHandle};
-use bmx::wire::Endpoint;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -28,8 +27,9 @@ impl Local {
             .await
             .map_err(|e| format!("harness: {e}"))?;
         let work = tempfile::tempdir().map_err(|e| e.to_string())?;
+        // The executor dials the in-process endpoint, as `bmx up`'s does.
         let mut config = ExecutorConfig::new(
-            Endpoint::parse(&harness.executor_url()).map_err(|e| e.to_string())?,
+            harness.in_process_endpoint(),
             TokenSource::Static("bench-token".into()),
         );
         config.work_root = work.path().to_owned();

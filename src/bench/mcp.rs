@@ -17,6 +17,11 @@
 
 use super::local::Local;
 use bmx::executor::mcp::sse::SseReader;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -205,37 +210,81 @@ impl Direct {
     }
 }
 
-/// A client of the harness's MCP endpoint.
+/// A client of the harness's MCP endpoint: plain HTTP/1.1 connections of
+/// hyper's, one per call in flight, kept open.
+///
+/// Why not `reqwest`: the client shares the machine (2 cores here) with
+/// the harness, the executor and two servers, and at 32 in flight its CPU
+/// (URL parsing, a pool, redirect and header handling, per request) was a
+/// fifth of all samples, which measured the client more than the path.
+/// This one parses the URL once and builds the same request each time.
 struct Proxied {
-    http: reqwest::Client,
-    url: String,
+    addr: std::net::SocketAddr,
+    path: String,
     /// `Bearer <api token>`.
-    auth: String,
+    auth: HeaderValue,
     session: String,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
 impl Proxied {
-    async fn post(&self, body: String) -> Result<(reqwest::header::HeaderMap, Vec<Value>), String> {
-        let mut req = self
-            .http
-            .post(&self.url)
-            .header("authorization", &self.auth)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .body(body);
+    fn new(url: &str, auth: &str) -> Result<Proxied, String> {
+        let rest = url.strip_prefix("http://").ok_or("not an http:// url")?;
+        let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        Ok(Proxied {
+            addr: host.parse().map_err(|e| format!("{host}: {e}"))?,
+            path: path.to_owned(),
+            auth: HeaderValue::from_str(auth).map_err(|e| e.to_string())?,
+            session: String::new(),
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    async fn connection(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+        let idle = self.idle.lock().map_err(|e| e.to_string())?.pop();
+        if let Some(c) = idle.filter(|c| !c.is_closed()) {
+            return Ok(c);
+        }
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| e.to_string())?;
+        // On the client's own runtime (the bench-client thread).
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(send)
+    }
+
+    async fn post(&self, body: String) -> Result<(HeaderMap, Vec<Value>), String> {
+        let mut send = self.connection().await?;
+        let mut req = http::Request::post(self.path.as_str())
+            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::AUTHORIZATION, self.auth.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, text/event-stream");
         if !self.session.is_empty() {
             req = req
-                .header("mcp-session-id", &self.session)
+                .header("mcp-session-id", self.session.as_str())
                 .header("mcp-protocol-version", "2025-06-18");
         }
-        let resp = req.send().await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let headers = resp.headers().clone();
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        send.ready().await.map_err(|e| e.to_string())?;
+        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        self.idle.lock().map_err(|e| e.to_string())?.push(send);
+        let status = parts.status;
+        let headers = parts.headers;
         let sse = headers
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|c| c.starts_with("text/event-stream"));
-        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
             return Err(format!(
                 "HTTP {status}: {}",
@@ -387,15 +436,7 @@ where
 async fn clients(target: Target) -> Result<Vec<Row>, String> {
     // The baseline.
     let direct = Arc::new(Direct::start(&target.command).await?);
-    let mut proxied = Proxied {
-        http: reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .map_err(|e| e.to_string())?,
-        url: target.url,
-        auth: target.auth,
-        session: String::new(),
-    };
+    let mut proxied = Proxied::new(&target.url, &target.auth)?;
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "bmx-bench", "version": "1"}}})
@@ -483,4 +524,18 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         let _ = child.kill().await;
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_parses_the_endpoint_once() {
+        let p = Proxied::new("http://127.0.0.1:7070/v1/sessions/s-1/mcp/ev", "Bearer t").unwrap();
+        assert_eq!(p.addr, "127.0.0.1:7070".parse().unwrap());
+        assert_eq!(p.path, "/v1/sessions/s-1/mcp/ev");
+        assert!(Proxied::new("https://127.0.0.1:7070/x", "Bearer t").is_err());
+        assert!(Proxied::new("http://localhost:7070/x", "Bearer t").is_err());
+    }
 }

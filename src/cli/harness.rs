@@ -3,7 +3,6 @@
 use bmx::client::ApiClient;
 use bmx::executor::{Executor, ExecutorConfig, TokenSource};
 use bmx::harness::{Harness, HarnessBuilder, HarnessHandle};
-use bmx::wire::Endpoint;
 use clap::Args;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -384,14 +383,10 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
             true,
         ),
     };
-    let endpoint = match Endpoint::parse(&h.executor_url()) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("bmx up: {e}");
-            h.shutdown().await;
-            return ExitCode::from(1);
-        }
-    };
+    // Its own executor dials the in-process endpoint: the same handshake
+    // and frames as a socket, without one (PROTOCOL.md §1, local
+    // transport). Other executors still connect at `h.executor_url()`.
+    let endpoint = h.in_process_endpoint();
     let mut config = ExecutorConfig::new(endpoint, TokenSource::Static(token));
     config.work_root = work_root.clone();
     config.agents = agents;

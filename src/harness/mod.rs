@@ -367,6 +367,8 @@ impl HarnessBuilder {
             })?),
             None => None,
         };
+        let (in_process, accept) = crate::wire::transport::InProcess::channel(IN_PROCESS_BACKLOG);
+        let in_process_task = listener::serve_in_process(shared.clone(), accept);
         let router = http::router(shared.clone());
         let stop = shared.shutdown.clone();
         let gate = listener::Gate::new(shared.config.connections.max_unauthenticated);
@@ -384,9 +386,14 @@ impl HarnessBuilder {
             root,
             server: Some(server),
             unix,
+            in_process,
+            in_process_task: Some(in_process_task),
         })
     }
 }
+
+/// Dials of the in-process endpoint waiting for their handshake to start.
+const IN_PROCESS_BACKLOG: usize = 16;
 
 /// A running harness. Dropping it stops accepting; call
 /// [`shutdown`](HarnessHandle::shutdown) for an orderly stop.
@@ -397,6 +404,8 @@ pub struct HarnessHandle {
     root: ActorRef<SupervisorMsg>,
     server: Option<JoinHandle<()>>,
     unix: Option<JoinHandle<()>>,
+    in_process: crate::wire::transport::InProcess,
+    in_process_task: Option<JoinHandle<()>>,
 }
 
 impl HarnessHandle {
@@ -413,6 +422,16 @@ impl HarnessHandle {
     /// `ws://ADDR/v1/executor/connect`: where executors dial.
     pub fn executor_url(&self) -> String {
         format!("ws://{}{CONNECT_PATH}", self.addr)
+    }
+
+    /// Where an executor in this process dials: an in-process pipe per
+    /// connection (PROTOCOL.md §1, "local transport"), with the same
+    /// handshake, token check and frames as the socket at
+    /// [`executor_url`](Self::executor_url). `bmx up` connects its
+    /// executor this way: no kernel socket between two ends that share a
+    /// process, and no port another local user could reach.
+    pub fn in_process_endpoint(&self) -> crate::wire::Endpoint {
+        crate::wire::Endpoint::InProcess(self.in_process.clone())
     }
 
     pub fn config(&self) -> &HarnessConfig {
@@ -480,6 +499,9 @@ impl HarnessHandle {
         }
         if let Some(unix) = self.unix.take() {
             let _ = unix.await;
+        }
+        if let Some(t) = self.in_process_task.take() {
+            let _ = t.await;
         }
         // The listener thread of a replica ends within its stop check.
         if let Some(r) = self.shared.replica.get() {

@@ -1,5 +1,7 @@
-//! One live connection's I/O: a writer task, a reader loop that routes
-//! frames, and the correlator for requests this side sends.
+//! One live connection's I/O: the sending half ([`Writer`]: frames written
+//! by their sender, a task for what the transport cannot take at once), a
+//! reader loop that routes frames, and the correlator for requests this
+//! side sends.
 //!
 //! A [`Link`] is a cheap, cloneable handle actors keep to send frames. The
 //! reader hands each request or notification to a [`Dispatch`] (the router)
@@ -16,15 +18,16 @@ use super::frame::{
 use super::method::{Method, Version};
 use super::pending::Pending;
 use super::transport::{Transport, WsStream};
+use super::writer::{frame_len, Writer};
 use bytes::Bytes;
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
+use futures_util::stream::SplitStream;
+use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -85,7 +88,7 @@ struct Inner {
     codec: Codec,
     version: Version,
     id_prefix: &'static str,
-    out: mpsc::UnboundedSender<Message>,
+    out: Arc<Writer>,
     /// Requests in flight and "closed", under one lock (see [`Pending`]).
     pending: Mutex<Pending<String, Waiter>>,
     /// The largest frame the peer accepts; requests above it are refused
@@ -132,13 +135,13 @@ impl Link {
         limits: LinkLimits,
     ) -> (Link, Reader) {
         let (sink, stream) = transport.ws.split();
-        let (tx, rx) = mpsc::unbounded_channel();
         let closed = CancellationToken::new();
+        let (out, write_task) = Writer::start(sink, closed.clone());
         let inner = Arc::new(Inner {
             codec: transport.subprotocol.codec,
             version: transport.subprotocol.version,
             id_prefix,
-            out: tx,
+            out,
             pending: Mutex::new(Pending::new()),
             peer_max_frame: AtomicUsize::new(DEFAULT_PEER_FRAME_BYTES),
             next_id: AtomicU64::new(1),
@@ -147,7 +150,7 @@ impl Link {
             last_inbound_ms: AtomicU64::new(0),
             in_flight: Arc::new(Semaphore::new(limits.max_in_flight)),
         });
-        tokio::spawn(write_loop(sink, rx, closed));
+        tokio::spawn(write_task);
         let link = Link { inner };
         let reader = Reader {
             stream,
@@ -266,7 +269,7 @@ impl Link {
             method: method.as_str(),
             params,
         })?;
-        let size = message_len(&msg);
+        let size = frame_len(&msg);
         let limit = self.peer_max_frame_bytes();
         if size > limit {
             return Err(CallError::TooLarge { size, limit });
@@ -422,63 +425,6 @@ impl Drop for Responder {
             );
         }
     }
-}
-
-/// The size the peer's reader measures: the frame's payload.
-fn message_len(msg: &Message) -> usize {
-    match msg {
-        Message::Text(t) => t.len(),
-        Message::Binary(b) => b.len(),
-        _ => 0,
-    }
-}
-
-async fn write_loop(
-    mut sink: SplitSink<WsStream, Message>,
-    mut rx: mpsc::UnboundedReceiver<Message>,
-    closed: CancellationToken,
-) {
-    loop {
-        // Queued frames first: a close queued just before the reader ended
-        // must still go out.
-        let msg = tokio::select! {
-            biased;
-            m = rx.recv() => m,
-            _ = closed.cancelled() => None,
-        };
-        let Some(msg) = msg else { break };
-        let is_close = matches!(msg, Message::Close(_));
-        if sink.feed(msg).await.is_err() {
-            break;
-        }
-        // Batch: flush only when nothing else is queued.
-        let mut failed = false;
-        if !is_close {
-            while let Ok(more) = rx.try_recv() {
-                let close = matches!(more, Message::Close(_));
-                if sink.feed(more).await.is_err() {
-                    failed = true;
-                    break;
-                }
-                if close {
-                    break;
-                }
-            }
-        }
-        if failed || sink.flush().await.is_err() {
-            break;
-        }
-        if is_close {
-            // Give the peer a moment to answer the close, then drop the socket.
-            tokio::select! {
-                _ = closed.cancelled() => {}
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-            break;
-        }
-    }
-    let _ = sink.close().await;
-    closed.cancel();
 }
 
 /// The reading half of a connection.

@@ -15,6 +15,7 @@ pub mod request;
 pub mod secret;
 pub mod transport;
 pub mod types;
+mod writer;
 
 pub use blob::{Blob, BlobRef};
 pub use codec::{Codec, Subprotocol};

@@ -36,7 +36,60 @@ pub enum Endpoint {
     Tcp { url: String },
     /// `unix:/path/to.sock` (request path [`CONNECT_PATH`]).
     Unix { socket: PathBuf },
+    /// A harness in this process (`bmx up`, an embedding platform): each
+    /// dial is a fresh in-process pipe whose far end the harness serves
+    /// like a socket it accepted. No URL names it; only the harness hands
+    /// it out ([`InProcess`]).
+    InProcess(InProcess),
 }
+
+/// The dialing end of a harness's in-process listener.
+///
+/// Why a listener at all rather than one pipe made up front: an executor
+/// reconnects (a dropped connection, a 4004 replacement, a restart of its
+/// connection actor), and every dial must get a new connection through the
+/// same handshake, authentication included, that a socket gets.
+#[derive(Clone)]
+pub struct InProcess {
+    accept: tokio::sync::mpsc::Sender<BoxIo>,
+}
+
+impl InProcess {
+    /// The pipe's capacity in each direction: a write past it waits for
+    /// the reader, like a full socket buffer.
+    pub const PIPE_BYTES: usize = 1 << 20;
+
+    /// A dialer and the receiver its listener takes connections from.
+    pub fn channel(backlog: usize) -> (InProcess, tokio::sync::mpsc::Receiver<BoxIo>) {
+        let (accept, rx) = tokio::sync::mpsc::channel(backlog.max(1));
+        (InProcess { accept }, rx)
+    }
+
+    async fn connect(&self) -> std::io::Result<BoxIo> {
+        let (near, far) = tokio::io::duplex(Self::PIPE_BYTES);
+        self.accept.send(Box::new(far)).await.map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "the in-process harness stopped",
+            )
+        })?;
+        Ok(Box::new(near))
+    }
+}
+
+impl std::fmt::Debug for InProcess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("in-process")
+    }
+}
+
+impl PartialEq for InProcess {
+    fn eq(&self, other: &Self) -> bool {
+        self.accept.same_channel(&other.accept)
+    }
+}
+
+impl Eq for InProcess {}
 
 impl Endpoint {
     pub fn parse(url: &str) -> Result<Endpoint, DialError> {
@@ -130,6 +183,10 @@ async fn dial_inner(
             let stream = tokio::net::UnixStream::connect(socket).await?;
             (Box::new(stream), format!("ws://localhost{CONNECT_PATH}"))
         }
+        Endpoint::InProcess(dialer) => (
+            dialer.connect().await?,
+            format!("ws://in-process{CONNECT_PATH}"),
+        ),
     };
     client_handshake(io, &url, token, offered, max_frame_bytes).await
 }

@@ -20,6 +20,7 @@ mod drain;
 mod e2e;
 mod fake;
 mod file_transfer;
+mod in_process;
 mod mcp;
 mod mcp_service;
 mod method_owners;

@@ -11,6 +11,14 @@
 //! hold up `session.ready`. Whatever was in flight when the server went is
 //! answered with an MCP error (-32603), never silence.
 //!
+//! A server's answers do not wait for the actor: the transport's reader
+//! feeds them to the relay itself ([`Fast`]) and sends the `mcp.frame`, so
+//! an answer costs no mailbox hop. On a multi-threaded runtime each hop is
+//! a task wake-up, and past three in a row tokio wakes an idle worker too
+//! (docs/benchmarks.md, "MCP"). Whatever the relay answers with more than
+//! frames to the harness (an `initialize` answer, a server's own request),
+//! and every event behind one of those, goes through the mailbox in order.
+//!
 //! MCP payloads are never logged (they may carry secrets): only methods,
 //! sizes and reasons.
 
@@ -24,8 +32,8 @@ use crate::wire::request::McpRequest;
 use crate::wire::types::{Accepted, McpCloseResult, McpFrameParams, McpOpenResult, McpServerState};
 use crate::wire::{ErrorCode, Method, Responder, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// `mcp.open`s waiting for a starting server.
@@ -34,6 +42,9 @@ const MAX_WAITING_OPENS: usize = 64;
 pub enum McpMsg {
     Request(McpRequest, Option<Responder>),
     Server(PeerEvent),
+    /// What the relay decided for a server message the reader could not
+    /// carry out itself (see [`Fast`]).
+    Apply(Vec<Out>),
     InitTimeout,
     /// The connection is gone: the harness opens the channel again.
     Disconnected,
@@ -68,9 +79,109 @@ pub struct McpArgs {
 #[derive(Clone)]
 pub struct McpServer;
 
+/// The relay and what the transport's reader needs to answer the harness
+/// without the actor.
+pub struct Fast {
+    relay: Mutex<Relay>,
+    /// Server events handed to the mailbox and not yet carried out: while
+    /// any is, the reader hands the next ones over too, so they keep their
+    /// order.
+    behind: AtomicUsize,
+    args: McpArgs,
+}
+
+impl Fast {
+    fn relay(&self) -> MutexGuard<'_, Relay> {
+        // Every relay call leaves it whole; a panic elsewhere cannot tear it.
+        self.relay.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The transport's sink: answers go to the harness from here.
+    fn sink(self: &Arc<Fast>, actor: ActorRef<McpMsg>) -> Sink {
+        let fast = self.clone();
+        Arc::new(move |ev| match ev {
+            PeerEvent::Message(m) => {
+                if let Some(m) = fast.relay_now(m, &actor) {
+                    fast.hand_over(&actor, McpMsg::Server(PeerEvent::Message(m)));
+                }
+            }
+            PeerEvent::Messages(ms) => {
+                let mut rest = ms.into_iter();
+                while let Some(m) = rest.next() {
+                    if let Some(m) = fast.relay_now(m, &actor) {
+                        let left = std::iter::once(m).chain(rest).collect();
+                        fast.hand_over(&actor, McpMsg::Server(PeerEvent::Messages(left)));
+                        break;
+                    }
+                }
+            }
+            other => fast.hand_over(&actor, McpMsg::Server(other)),
+        })
+    }
+
+    /// Relay one server message here when nothing is waiting in the mailbox
+    /// and the server is ready; `Some(message)` when the actor must.
+    fn relay_now(&self, m: String, actor: &ActorRef<McpMsg>) -> Option<String> {
+        if self.behind.load(Ordering::Acquire) != 0 {
+            return Some(m);
+        }
+        let outs = {
+            let mut relay = self.relay();
+            if !relay.is_ready() {
+                return Some(m);
+            }
+            relay.from_server(&m)
+        };
+        let only_frames = outs
+            .iter()
+            .all(|o| matches!(o, Out::ToClient(_) | Out::Notify(_) | Out::Dropped(_)));
+        if !only_frames {
+            // A ping to answer: the actor owns the writes to the server.
+            self.hand_over(actor, McpMsg::Apply(outs));
+            return None;
+        }
+        for out in outs {
+            match out {
+                Out::ToClient(msg) => to_client(&self.args, msg),
+                Out::Notify(msg) if self.args.open.load(Ordering::Relaxed) => {
+                    to_client(&self.args, msg)
+                }
+                Out::Dropped(why) => {
+                    tracing::trace!(server = %self.args.key, why, "mcp message not relayed")
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn hand_over(&self, actor: &ActorRef<McpMsg>, msg: McpMsg) {
+        self.behind.fetch_add(1, Ordering::AcqRel);
+        if actor.send_message(msg).is_err() {
+            self.behind.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Send one MCP message to the harness (`mcp.frame`).
+fn to_client(args: &McpArgs, payload: String) {
+    let Some(link) = args.shared.link() else {
+        tracing::debug!(server = %args.key, "mcp answer with no connection: the harness answers its clients itself");
+        return;
+    };
+    let _ = link.notify(
+        Method::McpFrame,
+        &McpFrameParams {
+            session_id: args.session_id.clone(),
+            server_key: args.key.clone(),
+            payload,
+        },
+    );
+}
+
 pub struct McpState {
     args: McpArgs,
-    relay: Relay,
+    fast: Arc<Fast>,
     transport: Transport,
     opens: Vec<Responder>,
     /// Set once the actor is on its way out (reported, in-flight answered).
@@ -91,18 +202,11 @@ impl McpState {
     }
 
     fn to_client(&self, payload: String) {
-        let Some(link) = self.args.shared.link() else {
-            tracing::debug!(server = %self.args.key, "mcp answer with no connection: the harness answers its clients itself");
-            return;
-        };
-        let _ = link.notify(
-            Method::McpFrame,
-            &McpFrameParams {
-                session_id: self.args.session_id.clone(),
-                server_key: self.args.key.clone(),
-                payload,
-            },
-        );
+        to_client(&self.args, payload)
+    }
+
+    fn relay(&self) -> MutexGuard<'_, Relay> {
+        self.fast.relay()
     }
 
     /// Carry out what the relay decided. `Err`: the server failed its
@@ -117,7 +221,7 @@ impl McpState {
                 }
                 Out::Request { id, message } => {
                     if let Err(why) = self.transport.send(message, Some(id.clone())) {
-                        let more = self.relay.undeliverable(&id, &why);
+                        let more = self.relay().undeliverable(&id, &why);
                         self.apply(more)?;
                     }
                 }
@@ -139,7 +243,7 @@ impl McpState {
 
     fn initialized(&mut self) {
         let version = self
-            .relay
+            .relay()
             .init_result()
             .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
             .and_then(|v| v["protocolVersion"].as_str().map(str::to_owned));
@@ -162,7 +266,7 @@ impl McpState {
     /// opens.
     fn gone(&mut self, message: &str, reason: &str) {
         self.ended = true;
-        let outs = self.relay.crashed(message, reason);
+        let outs = self.relay().crashed(message, reason);
         let _ = self.apply(outs);
         for open in self.opens.drain(..) {
             open.err(unavailable(reason, message));
@@ -181,6 +285,42 @@ impl McpState {
             Some(why),
         );
         myself.stop(Some("normal".into()));
+    }
+
+    /// A server event the reader handed over. `Err`: the server crashed
+    /// (the actor fails); `Ok(Err(why))`: it failed its start.
+    fn server(&mut self, ev: PeerEvent) -> Result<Result<(), String>, ActorProcessingErr> {
+        Ok(match ev {
+            PeerEvent::Message(m) => {
+                let outs = self.relay().from_server(&m);
+                self.apply(outs)
+            }
+            PeerEvent::Messages(ms) => {
+                for m in ms {
+                    let outs = self.relay().from_server(&m);
+                    if let Err(why) = self.apply(outs) {
+                        return Ok(Err(why));
+                    }
+                }
+                Ok(())
+            }
+            PeerEvent::Oversized(id) => {
+                tracing::warn!(server = %self.args.key, "mcp server sent a message over the frame limit");
+                let outs = self.relay().oversized(id.as_deref(), self.args.max_message);
+                self.apply(outs)
+            }
+            PeerEvent::Closed(why) => {
+                if self.first() && !self.relay().is_ready() {
+                    Err(why)
+                } else {
+                    let why = crate::executor::stdio_peer::redact(&why, &self.args.secrets);
+                    tracing::warn!(session = %self.args.session_id, server = %self.args.key, error = %why, "mcp server crashed");
+                    self.gone("server restarted", "server_crashed");
+                    // Abnormal: the session's supervisor rules restart it.
+                    return Err(format!("mcp server crashed: {why}").into());
+                }
+            }
+        })
     }
 
     /// Whether this is the server's first life.
@@ -204,10 +344,12 @@ impl Actor for McpServer {
         args: McpArgs,
     ) -> Result<McpState, ActorProcessingErr> {
         args.starts.fetch_add(1, Ordering::Relaxed);
-        let me = myself.clone();
-        let sink: Sink = Arc::new(move |ev| {
-            let _ = me.send_message(McpMsg::Server(ev));
+        let fast = Arc::new(Fast {
+            relay: Mutex::new(Relay::new(RelayConfig::default())),
+            behind: AtomicUsize::new(0),
+            args: args.clone(),
         });
+        let sink = fast.sink(myself.clone());
         let label = format!("{}/{}", args.session_id, args.key);
         let transport = match &*args.launch {
             Launch::Stdio {
@@ -240,7 +382,7 @@ impl Actor for McpServer {
             }
         };
         Ok(McpState {
-            relay: Relay::new(RelayConfig::default()),
+            fast,
             transport,
             opens: Vec::new(),
             ended: false,
@@ -260,7 +402,7 @@ impl Actor for McpServer {
         );
         tracing::debug!(session = %a.session_id, server = %a.key, pid = ?state.transport.pid(), "mcp server started");
         state.report(McpServerState::Starting, None, None);
-        let init = state.relay.initialize();
+        let init = state.relay().initialize();
         if let Err(why) = state
             .transport
             .send(init, Some(crate::mcp::relay::INIT_ID.into()))
@@ -296,16 +438,21 @@ impl Actor for McpServer {
         state: &mut McpState,
     ) -> Result<(), ActorProcessingErr> {
         if state.ended {
-            if let McpMsg::Request(r, Some(reply)) = msg {
-                let _ = r;
-                reply.err(unavailable("server_crashed", "server restarted"));
+            match msg {
+                McpMsg::Request(_, Some(reply)) => {
+                    reply.err(unavailable("server_crashed", "server restarted"))
+                }
+                McpMsg::Server(_) | McpMsg::Apply(_) => {
+                    state.fast.behind.fetch_sub(1, Ordering::AcqRel);
+                }
+                _ => {}
             }
             return Ok(());
         }
         let result = match msg {
             McpMsg::Request(McpRequest::McpOpen(_), reply) => {
                 let Some(reply) = reply else { return Ok(()) };
-                if state.relay.is_ready() {
+                if state.relay().is_ready() {
                     state.args.open.store(true, Ordering::Relaxed);
                     reply.ok(&McpOpenResult { opened: true });
                 } else if state.opens.len() >= MAX_WAITING_OPENS {
@@ -323,41 +470,23 @@ impl Actor for McpServer {
                 Ok(())
             }
             McpMsg::Request(McpRequest::McpFrame(p), reply) => {
-                let outs = state.relay.from_client(&p.payload);
+                let outs = state.relay().from_client(&p.payload);
                 if let Some(r) = reply {
                     r.ok(&Accepted::YES);
                 }
                 state.apply(outs)
             }
-            McpMsg::Server(PeerEvent::Message(m)) => {
-                let outs = state.relay.from_server(&m);
+            McpMsg::Apply(outs) => {
+                state.fast.behind.fetch_sub(1, Ordering::AcqRel);
                 state.apply(outs)
             }
-            McpMsg::Server(PeerEvent::Messages(ms)) => {
-                for m in ms {
-                    let outs = state.relay.from_server(&m);
-                    state.apply(outs)?;
-                }
-                Ok(())
-            }
-            McpMsg::Server(PeerEvent::Oversized(id)) => {
-                tracing::warn!(server = %state.args.key, "mcp server sent a message over the frame limit");
-                let outs = state.relay.oversized(id.as_deref(), state.args.max_message);
-                state.apply(outs)
-            }
-            McpMsg::Server(PeerEvent::Closed(why)) => {
-                if state.first() && !state.relay.is_ready() {
-                    Err(why)
-                } else {
-                    let why = crate::executor::stdio_peer::redact(&why, &state.args.secrets);
-                    tracing::warn!(session = %state.args.session_id, server = %state.args.key, error = %why, "mcp server crashed");
-                    state.gone("server restarted", "server_crashed");
-                    // Abnormal: the session's supervisor rules restart it.
-                    return Err(format!("mcp server crashed: {why}").into());
-                }
+            McpMsg::Server(ev) => {
+                let r = state.server(ev);
+                state.fast.behind.fetch_sub(1, Ordering::AcqRel);
+                r?
             }
             McpMsg::InitTimeout => {
-                if state.relay.is_ready() {
+                if state.relay().is_ready() {
                     Ok(())
                 } else {
                     Err(format!(

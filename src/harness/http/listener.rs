@@ -9,6 +9,7 @@
 //! hold any number of idle or half-sent-header sockets forever (issue 18,
 //! finding 4).
 
+use super::self_wake::RepollSelfWake;
 use crate::harness::config::ConnectionLimits;
 use crate::harness::{actors::connection, runtime::Shared};
 use crate::wire::transport;
@@ -101,8 +102,6 @@ struct Activity {
     /// Milliseconds since `born` at the last response; `u64::MAX` before
     /// the first (the header-read timeout covers that wait).
     last_done_ms: AtomicU64,
-    /// Woken when a request ends, so the idle clock is re-armed.
-    ended: tokio::sync::Notify,
 }
 
 impl Activity {
@@ -111,7 +110,6 @@ impl Activity {
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
             last_done_ms: AtomicU64::new(u64::MAX),
-            ended: tokio::sync::Notify::new(),
         }
     }
 
@@ -123,7 +121,6 @@ impl Activity {
         let ms = self.born.elapsed().as_millis() as u64;
         self.last_done_ms.store(ms, Ordering::SeqCst);
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.ended.notify_one();
     }
 
     /// When the idle timeout falls, if it runs now.
@@ -134,6 +131,55 @@ impl Activity {
         match self.last_done_ms.load(Ordering::SeqCst) {
             u64::MAX => None,
             ms => Some(self.born + Duration::from_millis(ms) + idle),
+        }
+    }
+}
+
+/// The keep-alive idle timer of one connection, armed from its
+/// [`Activity`] each time it is polled: the connection's task polls it
+/// right after the connection itself, so a request that just ended arms it
+/// in the same poll.
+///
+/// Why not a `Notify` from [`Activity::end`]: that runs inside this task's
+/// poll of the connection, so it woke the task during its own poll, and
+/// tokio requeues such a task as a yield and wakes an idle worker for it:
+/// one needless thread wake-up per request (docs/benchmarks.md, "MCP").
+struct IdleClock<'a> {
+    activity: &'a Activity,
+    idle: Duration,
+    armed: Option<Instant>,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<'a> IdleClock<'a> {
+    fn new(activity: &'a Activity, idle: Duration) -> Self {
+        IdleClock {
+            activity,
+            idle,
+            armed: None,
+            sleep: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+}
+
+impl std::future::Future for IdleClock<'_> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let at = self.activity.idle_deadline(self.idle);
+        if at != self.armed {
+            self.armed = at;
+            if let Some(at) = at {
+                self.sleep.as_mut().reset(at);
+            }
+        }
+        match self.armed {
+            Some(_) => self.sleep.as_mut().poll(cx),
+            // A request in flight (or none yet): the clock does not run.
+            None => std::task::Poll::Pending,
         }
     }
 }
@@ -170,14 +216,16 @@ pub(crate) async fn serve_tcp(
             tracing::debug!(error = %e, "TCP_NODELAY");
         }
         let (pass, evicted) = gate.admit();
-        tasks.spawn(serve_connection(
+        // hyper wakes its connection task during its own poll on most
+        // requests: polled again at once, not requeued (`self_wake`).
+        tasks.spawn(RepollSelfWake::new(Box::pin(serve_connection(
             tcp,
             router.clone(),
             pass,
             evicted,
             limits,
             stop.clone(),
-        ));
+        ))));
     }
     tasks.close();
     tasks.wait().await;
@@ -219,17 +267,11 @@ async fn serve_connection(
         .with_upgrades();
     tokio::pin!(conn);
     let mut closing = false;
+    let mut idle = IdleClock::new(&activity, limits.idle_timeout);
     loop {
-        let idle_at = activity.idle_deadline(limits.idle_timeout);
-        let idle = async {
-            match idle_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                // Re-armed when a request ends (a stored permit if it
-                // already did).
-                None => activity.ended.notified().await,
-            }
-        };
         tokio::select! {
+            // The connection first, the idle clock last: see `IdleClock`.
+            biased;
             r = conn.as_mut() => {
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "HTTP connection ended");
@@ -244,11 +286,9 @@ async fn serve_connection(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = idle, if !closing => {
-                if activity.idle_deadline(limits.idle_timeout).is_some_and(|at| at <= Instant::now()) {
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
-                }
+            _ = &mut idle, if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
             }
         }
     }
@@ -283,27 +323,49 @@ pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandl
                     continue;
                 }
             };
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let auth = shared.clone();
-                let handshake = transport::accept(
-                    Box::new(stream),
-                    &shared.config.subprotocols,
-                    shared.config.max_mcp_frame_bytes,
-                    move |token| auth.authenticate(token),
-                );
-                let within = shared.config.connections.handshake_timeout;
-                match tokio::time::timeout(within, handshake).await {
-                    Ok(Ok((transport, executor_id))) => {
-                        connection::start(shared, transport, executor_id).await
-                    }
-                    Ok(Err(e)) => tracing::info!(error = %e, "unix upgrade refused"),
-                    Err(_) => tracing::info!("unix upgrade timed out"),
-                }
-            });
+            tokio::spawn(serve_stream(shared.clone(), Box::new(stream), "unix"));
         }
         let _ = std::fs::remove_file(&path);
     }))
+}
+
+/// Accept executors dialing [`transport::InProcess`] until the harness
+/// shuts down: each pipe goes through the handshake a socket gets.
+pub fn serve_in_process(
+    shared: Arc<Shared>,
+    mut accept: tokio::sync::mpsc::Receiver<transport::BoxIo>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let io = tokio::select! {
+                io = accept.recv() => match io {
+                    Some(io) => io,
+                    None => break,
+                },
+                _ = shared.shutdown.cancelled() => break,
+            };
+            tokio::spawn(serve_stream(shared.clone(), io, "in-process"));
+        }
+    })
+}
+
+/// One executor connection on a stream that is not TCP (no HTTP API
+/// there): the upgrade handshake under the handshake deadline, then its
+/// connection actor.
+async fn serve_stream(shared: Arc<Shared>, io: transport::BoxIo, kind: &'static str) {
+    let auth = shared.clone();
+    let handshake = transport::accept(
+        io,
+        &shared.config.subprotocols,
+        shared.config.max_mcp_frame_bytes,
+        move |token| auth.authenticate(token),
+    );
+    let within = shared.config.connections.handshake_timeout;
+    match tokio::time::timeout(within, handshake).await {
+        Ok(Ok((transport, executor_id))) => connection::start(shared, transport, executor_id).await,
+        Ok(Err(e)) => tracing::info!(error = %e, transport = kind, "upgrade refused"),
+        Err(_) => tracing::info!(transport = kind, "upgrade timed out"),
+    }
 }
 
 #[cfg(test)]

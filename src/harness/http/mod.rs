@@ -11,6 +11,7 @@ pub mod mcp;
 pub mod openapi;
 pub mod relay;
 pub mod rfb;
+pub mod self_wake;
 pub mod skills;
 pub mod turns;
 
