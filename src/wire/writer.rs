@@ -181,7 +181,17 @@ async fn drive(writer: &Writer) -> Result<(), WsError> {
 async fn run(writer: Arc<Writer>, closed: CancellationToken) {
     loop {
         let notified = writer.wake.notified();
-        if drive(&writer).await.is_err() {
+        let drove = tokio::select! {
+            biased;
+            r = drive(&writer) => r,
+            // A peer that stopped reading cannot hold the write side open
+            // past the connection's end: the rest gets the linger.
+            _ = closed.cancelled() => {
+                let _ = tokio::time::timeout(LINGER, drive(&writer)).await;
+                break;
+            }
+        };
+        if drove.is_err() {
             break;
         }
         let (done, closing) = {
@@ -286,6 +296,26 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
             .expect("the writer task ends")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_cannot_hold_the_writer_past_the_close() {
+        // Nobody reads `far`: 64 KiB of frames fill the 1 KiB pipe.
+        let (near, _far) = pair(1024).await;
+        let (sink, _stream) = near.split();
+        let closed = CancellationToken::new();
+        let (writer, task) = Writer::start(sink, closed.clone());
+        let task = tokio::spawn(task);
+        for _ in 0..64 {
+            writer.send(Message::Binary(vec![0; 1024].into())).unwrap();
+        }
+        tokio::task::yield_now().await;
+        assert!(writer.lock().unflushed, "the transport is full");
+        closed.cancel();
+        tokio::time::timeout(LINGER * 3, task)
+            .await
+            .expect("the writer task ends within the linger")
             .unwrap();
     }
 
