@@ -361,7 +361,7 @@ pub async fn pipe(
     supported: &[Subprotocol],
     max_frame_bytes: usize,
 ) -> Result<(Transport, Transport), DialError> {
-    let (a, b) = tokio::io::duplex(1 << 20);
+    let (a, b) = tokio::io::duplex(InProcess::PIPE_BYTES);
     let supported = supported.to_vec();
     let server = tokio::spawn(async move {
         accept(Box::new(b), &supported, max_frame_bytes, |_| {

@@ -185,11 +185,8 @@ async fn run(writer: Arc<Writer>, closed: CancellationToken) {
             biased;
             r = drive(&writer) => r,
             // A peer that stopped reading cannot hold the write side open
-            // past the connection's end: the rest gets the linger.
-            _ = closed.cancelled() => {
-                let _ = tokio::time::timeout(LINGER, drive(&writer)).await;
-                break;
-            }
+            // past the connection's end (the rest gets the linger below).
+            _ = closed.cancelled() => break,
         };
         if drove.is_err() {
             break;
@@ -213,13 +210,13 @@ async fn run(writer: Arc<Writer>, closed: CancellationToken) {
         tokio::select! {
             biased;
             _ = notified => {}
-            _ = closed.cancelled() => {
-                // What was queued before the close still goes out, within
-                // the linger.
-                let _ = tokio::time::timeout(LINGER, drive(&writer)).await;
-                break;
-            }
+            _ = closed.cancelled() => break,
         }
+    }
+    if closed.is_cancelled() {
+        // What was queued before the connection closed still goes out,
+        // within the linger.
+        let _ = tokio::time::timeout(LINGER, drive(&writer)).await;
     }
     writer.lock().done = true;
     let close = std::future::poll_fn(|cx| Pin::new(&mut writer.lock().sink).poll_close(cx));

@@ -132,25 +132,13 @@ impl Fast {
             }
             relay.from_server(&m)
         };
-        let only_frames = outs
-            .iter()
-            .all(|o| matches!(o, Out::ToClient(_) | Out::Notify(_) | Out::Dropped(_)));
-        if !only_frames {
+        if !outs.iter().all(is_frame) {
             // A ping to answer: the actor owns the writes to the server.
             self.hand_over(actor, McpMsg::Apply(outs));
             return None;
         }
         for out in outs {
-            match out {
-                Out::ToClient(msg) => to_client(&self.args, msg),
-                Out::Notify(msg) if self.args.open.load(Ordering::Relaxed) => {
-                    to_client(&self.args, msg)
-                }
-                Out::Dropped(why) => {
-                    tracing::trace!(server = %self.args.key, why, "mcp message not relayed")
-                }
-                _ => {}
-            }
+            frame_out(&self.args, out);
         }
         None
     }
@@ -161,6 +149,29 @@ impl Fast {
             self.behind.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// Whether the relay's outcome only concerns the harness (a frame, or
+/// nothing at all): what the transport's reader may carry out itself.
+fn is_frame(out: &Out) -> bool {
+    matches!(out, Out::ToClient(_) | Out::Notify(_) | Out::Dropped(_))
+}
+
+/// Carry out an outcome that [`is_frame`]; any other is handed back.
+fn frame_out(args: &McpArgs, out: Out) -> Option<Out> {
+    match out {
+        Out::ToClient(msg) => to_client(args, msg),
+        Out::Notify(msg) => {
+            if args.open.load(Ordering::Relaxed) {
+                to_client(args, msg)
+            }
+        }
+        Out::Dropped(why) => {
+            tracing::trace!(server = %args.key, why, "mcp message not relayed")
+        }
+        other => return Some(other),
+    }
+    None
 }
 
 /// Send one MCP message to the harness (`mcp.frame`).
@@ -180,7 +191,7 @@ fn to_client(args: &McpArgs, payload: String) {
 }
 
 pub struct McpState {
-    args: McpArgs,
+    /// The relay, and the arguments (`fast.args`).
     fast: Arc<Fast>,
     transport: Transport,
     opens: Vec<Responder>,
@@ -191,10 +202,11 @@ pub struct McpState {
 impl McpState {
     fn report(&self, state: McpServerState, reason: Option<&str>, error: Option<String>) {
         let _ = self
+            .fast
             .args
             .session
             .send_message(SessionMsg::McpChanged(McpChange {
-                key: self.args.key.clone(),
+                key: self.fast.args.key.clone(),
                 state,
                 reason: reason.map(str::to_owned),
                 last_error: error,
@@ -202,7 +214,7 @@ impl McpState {
     }
 
     fn to_client(&self, payload: String) {
-        to_client(&self.args, payload)
+        to_client(&self.fast.args, payload)
     }
 
     fn relay(&self) -> MutexGuard<'_, Relay> {
@@ -213,10 +225,13 @@ impl McpState {
     /// `initialize` (the caller ends the actor).
     fn apply(&mut self, outs: Vec<Out>) -> Result<(), String> {
         for out in outs {
+            let Some(out) = frame_out(&self.fast.args, out) else {
+                continue;
+            };
             match out {
                 Out::ToServer(msg) => {
                     if let Err(why) = self.transport.send(msg, None) {
-                        tracing::debug!(server = %self.args.key, error = %why, "mcp message to the server dropped");
+                        tracing::debug!(server = %self.fast.args.key, error = %why, "mcp message to the server dropped");
                     }
                 }
                 Out::Request { id, message } => {
@@ -225,17 +240,10 @@ impl McpState {
                         self.apply(more)?;
                     }
                 }
-                Out::ToClient(msg) => self.to_client(msg),
-                Out::Notify(msg) => {
-                    if self.args.open.load(Ordering::Relaxed) {
-                        self.to_client(msg);
-                    }
-                }
                 Out::Initialized => self.initialized(),
                 Out::InitFailed(why) => return Err(why),
-                Out::Dropped(why) => {
-                    tracing::trace!(server = %self.args.key, why, "mcp message not relayed")
-                }
+                // Carried out by `frame_out` above.
+                Out::ToClient(_) | Out::Notify(_) | Out::Dropped(_) => {}
             }
         }
         Ok(())
@@ -248,13 +256,15 @@ impl McpState {
             .and_then(|r| serde_json::from_str::<serde_json::Value>(r).ok())
             .and_then(|v| v["protocolVersion"].as_str().map(str::to_owned));
         self.transport.initialized(version);
-        tracing::info!(session = %self.args.session_id, server = %self.args.key, "mcp server ready");
+        tracing::info!(session = %self.fast.args.session_id, server = %self.fast.args.key, "mcp server ready");
         self.report(McpServerState::Ready, None, None);
         for open in self.opens.drain(..) {
-            self.args.open.store(true, Ordering::Relaxed);
+            self.fast.args.open.store(true, Ordering::Relaxed);
             open.ok(&McpOpenResult { opened: true });
         }
-        if self.args.starts.load(Ordering::Relaxed) > 1 && self.args.open.load(Ordering::Relaxed) {
+        if self.fast.args.starts.load(Ordering::Relaxed) > 1
+            && self.fast.args.open.load(Ordering::Relaxed)
+        {
             // A restarted server may list other tools: clients re-list.
             self.to_client(
                 r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#.to_owned(),
@@ -276,8 +286,8 @@ impl McpState {
     /// The first start failed (or the server cannot run): unavailable, no
     /// restart.
     fn give_up(&mut self, myself: &ActorRef<McpMsg>, why: String) {
-        let why = crate::executor::stdio_peer::redact(&why, &self.args.secrets);
-        tracing::warn!(session = %self.args.session_id, server = %self.args.key, error = %why, "mcp server failed to start");
+        let why = crate::executor::stdio_peer::redact(&why, &self.fast.args.secrets);
+        tracing::warn!(session = %self.fast.args.session_id, server = %self.fast.args.key, error = %why, "mcp server failed to start");
         self.gone("server unavailable", "unavailable");
         self.report(
             McpServerState::Unavailable,
@@ -305,16 +315,18 @@ impl McpState {
                 Ok(())
             }
             PeerEvent::Oversized(id) => {
-                tracing::warn!(server = %self.args.key, "mcp server sent a message over the frame limit");
-                let outs = self.relay().oversized(id.as_deref(), self.args.max_message);
+                tracing::warn!(server = %self.fast.args.key, "mcp server sent a message over the frame limit");
+                let outs = self
+                    .relay()
+                    .oversized(id.as_deref(), self.fast.args.max_message);
                 self.apply(outs)
             }
             PeerEvent::Closed(why) => {
                 if self.first() && !self.relay().is_ready() {
                     Err(why)
                 } else {
-                    let why = crate::executor::stdio_peer::redact(&why, &self.args.secrets);
-                    tracing::warn!(session = %self.args.session_id, server = %self.args.key, error = %why, "mcp server crashed");
+                    let why = crate::executor::stdio_peer::redact(&why, &self.fast.args.secrets);
+                    tracing::warn!(session = %self.fast.args.session_id, server = %self.fast.args.key, error = %why, "mcp server crashed");
                     self.gone("server restarted", "server_crashed");
                     // Abnormal: the session's supervisor rules restart it.
                     return Err(format!("mcp server crashed: {why}").into());
@@ -325,7 +337,7 @@ impl McpState {
 
     /// Whether this is the server's first life.
     fn first(&self) -> bool {
-        self.args.starts.load(Ordering::Relaxed) <= 1
+        self.fast.args.starts.load(Ordering::Relaxed) <= 1
     }
 }
 
@@ -386,7 +398,6 @@ impl Actor for McpServer {
             transport,
             opens: Vec::new(),
             ended: false,
-            args,
         })
     }
 
@@ -395,7 +406,7 @@ impl Actor for McpServer {
         myself: ActorRef<McpMsg>,
         state: &mut McpState,
     ) -> Result<(), ActorProcessingErr> {
-        let a = &state.args;
+        let a = &state.fast.args;
         a.shared.mcp.insert(
             crate::executor::runtime::process_key(&a.session_id, &a.key),
             myself.clone(),
@@ -409,7 +420,7 @@ impl Actor for McpServer {
         {
             return Err(why.into());
         }
-        myself.send_after(state.args.init_timeout, || McpMsg::InitTimeout);
+        myself.send_after(state.fast.args.init_timeout, || McpMsg::InitTimeout);
         Ok(())
     }
 
@@ -418,7 +429,7 @@ impl Actor for McpServer {
         myself: ActorRef<McpMsg>,
         state: &mut McpState,
     ) -> Result<(), ActorProcessingErr> {
-        let a = &state.args;
+        let a = &state.fast.args;
         let key = crate::executor::runtime::process_key(&a.session_id, &a.key);
         a.shared
             .mcp
@@ -453,7 +464,7 @@ impl Actor for McpServer {
             McpMsg::Request(McpRequest::McpOpen(_), reply) => {
                 let Some(reply) = reply else { return Ok(()) };
                 if state.relay().is_ready() {
-                    state.args.open.store(true, Ordering::Relaxed);
+                    state.fast.args.open.store(true, Ordering::Relaxed);
                     reply.ok(&McpOpenResult { opened: true });
                 } else if state.opens.len() >= MAX_WAITING_OPENS {
                     reply.err(unavailable("busy", "too many opens waiting for the server"));
@@ -463,7 +474,7 @@ impl Actor for McpServer {
                 Ok(())
             }
             McpMsg::Request(McpRequest::McpClose(_), reply) => {
-                state.args.open.store(false, Ordering::Relaxed);
+                state.fast.args.open.store(false, Ordering::Relaxed);
                 if let Some(r) = reply {
                     r.ok(&McpCloseResult { closed: true });
                 }
@@ -491,12 +502,12 @@ impl Actor for McpServer {
                 } else {
                     Err(format!(
                         "no answer to initialize within {} ms",
-                        state.args.init_timeout.as_millis()
+                        state.fast.args.init_timeout.as_millis()
                     ))
                 }
             }
             McpMsg::Disconnected => {
-                state.args.open.store(false, Ordering::Relaxed);
+                state.fast.args.open.store(false, Ordering::Relaxed);
                 Ok(())
             }
         };
