@@ -138,10 +138,20 @@ impl DialError {
     }
 }
 
+/// The most a WebSocket reads per `read` call, and its first buffer.
+///
+/// tungstenite's default is 128 KiB, allocated per connection and
+/// zero-filled up to its capacity before every `read`
+/// (`FrameCodec::read_in`): a `memset` of up to 128 KiB for each small
+/// frame, and 128 KiB resident per idle connection (docs/benchmarks.md,
+/// "What the benchmark found" under the harness bench).
+pub const READ_BUFFER_BYTES: usize = 16 << 10;
+
 /// WebSocket limits for a connection: the transport refuses (close 1009)
 /// any message above `max_frame_bytes` before buffering it.
 pub fn ws_config(max_frame_bytes: usize) -> WebSocketConfig {
     WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(max_frame_bytes))
         .max_frame_size(Some(max_frame_bytes))
 }
@@ -417,5 +427,40 @@ mod tests {
             .unwrap();
         assert_eq!(c.subprotocol, s.subprotocol);
         assert_eq!(c.subprotocol.name(), "bmaexecutor.v1.1");
+    }
+
+    /// A frame many times [`READ_BUFFER_BYTES`] arrives whole and in
+    /// order between small ones: the buffer bounds each `read`, not a
+    /// frame.
+    #[tokio::test]
+    async fn frames_larger_than_the_read_buffer_arrive_whole() {
+        use futures_util::{SinkExt, StreamExt};
+        use tokio_tungstenite::tungstenite::Message;
+        let (mut c, mut s) = pipe(&Subprotocol::ALL, &Subprotocol::ALL, 4 << 20)
+            .await
+            .unwrap();
+        let big: Vec<u8> = (0..READ_BUFFER_BYTES * 40 + 7)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let sent = vec![
+            Message::Binary(vec![1u8].into()),
+            Message::Binary(big.clone().into()),
+            Message::Binary(vec![2u8].into()),
+        ];
+        let writer = tokio::spawn(async move {
+            for m in sent {
+                c.ws.send(m).await.unwrap();
+            }
+            c
+        });
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            match s.ws.next().await {
+                Some(Ok(Message::Binary(b))) => got.push(b.to_vec()),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let _c = writer.await.unwrap();
+        assert_eq!(got, vec![vec![1u8], big, vec![2u8]]);
     }
 }
