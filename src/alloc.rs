@@ -85,8 +85,8 @@ mod tests {
     use super::*;
 
     /// Blocks grown and shrunk across the threshold keep their bytes, and
-    /// each is freed by the allocator that made it (a mismatch would abort
-    /// the test process).
+    /// each is freed by the allocator that made it (a block freed by the
+    /// other allocator would most likely crash the test process).
     #[test]
     fn realloc_across_the_threshold_keeps_the_bytes() {
         let mut v: Vec<u8> = (0..=255u8).cycle().take(LARGE - 1).collect();
