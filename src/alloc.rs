@@ -5,15 +5,13 @@
 //! Why both (docs/benchmarks.md, "The allocator"):
 //! - A request through the harness to an executor allocates and frees many
 //!   small blocks (headers, JSON values, frames, futures) across two
-//!   threads. With glibc alone, `_int_malloc`, `_int_free` and
-//!   `malloc_consolidate` were a sixth of the runtime workers' CPU in
-//!   `bmx bench mcp`; mimalloc's thread-local pages take most of that
-//!   away.
+//!   threads. With glibc alone, its allocator's functions were a sixth of
+//!   the runtime workers' CPU in `bmx bench mcp`; with mimalloc for them,
+//!   mimalloc's were about a fourteenth.
 //! - Output moves in large blocks (a `process.read` of up to 1 MiB, its
-//!   frame, the WebSocket's buffer for it). glibc serves those from its
-//!   heap once its mmap threshold has adapted, and grows them in place with
-//!   `mremap`; with mimalloc alone, end-to-end output throughput fell by a
-//!   third (fresh huge pages faulted and zeroed by the kernel on reads).
+//!   frame). With mimalloc for those too, end-to-end output throughput
+//!   fell by a third, the kernel zeroing fresh huge pages under pipe reads;
+//!   with them on glibc it came back.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
