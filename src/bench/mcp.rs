@@ -56,8 +56,14 @@ pub struct Row {
     /// and the executor) per call, in µs.
     pub direct_bmx_cpu_us: f64,
     pub proxied_bmx_cpu_us: f64,
-    /// CPU of the direct row's server (node) per call, in µs.
+    /// The client thread's share of the above: what a separate client
+    /// process would spend, not bmx's cost.
+    pub direct_client_cpu_us: f64,
+    pub proxied_client_cpu_us: f64,
+    /// CPU of the row's server (node) per call, in µs: the bench's own
+    /// child (direct) and the executor's (proxied).
     pub direct_server_cpu_us: f64,
+    pub proxied_server_cpu_us: f64,
     /// Context switches of this process's threads per call: how often a
     /// thread slept and was woken. At one in flight each is a wake-up of
     /// an idle thread, which on a VM costs tens of µs of latency and CPU
@@ -99,14 +105,16 @@ impl McpReport {
                 r.harness_only_p50_us
             ));
         }
-        s.push_str("CPU per call: direct = bench client + node; proxied = bench client + harness + executor (+ its node)\n");
+        s.push_str("CPU per call: client thread + harness and executor + node\n");
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>9} direct {:.0}us + {:.0}us, proxied {:.0}us; context switches of bmx per call: direct {:.2}, proxied {:.2}\n",
+                "{:>9} direct {:.0}us + 0 + {:.0}us, proxied {:.0}us + {:.0}us + {:.0}us; context switches of bmx per call: direct {:.2}, proxied {:.2}\n",
                 r.in_flight,
-                r.direct_bmx_cpu_us,
+                r.direct_client_cpu_us,
                 r.direct_server_cpu_us,
-                r.proxied_bmx_cpu_us,
+                r.proxied_client_cpu_us,
+                r.proxied_bmx_cpu_us - r.proxied_client_cpu_us,
+                r.proxied_server_cpu_us,
                 r.direct_switches,
                 r.proxied_switches
             ));
@@ -470,18 +478,28 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
     let mut rows = Vec::new();
     for &k in &target.concurrency {
         let cpu = || super::cpu_ms("self").unwrap_or(0.0);
-        let server = direct.child.id().map(|p| p.to_string()).unwrap_or_default();
+        // The measuring runs on this thread (a current-thread runtime).
+        let client_cpu = || super::cpu_ms("thread-self").unwrap_or(0.0);
+        let server_pid = direct.child.id().unwrap_or(0);
+        let server = server_pid.to_string();
         let server_cpu = || super::cpu_ms(&server).unwrap_or(0.0);
+        let executors_server_cpu = || {
+            super::children_of_self()
+                .into_iter()
+                .filter(|&p| p != server_pid)
+                .filter_map(|p| super::cpu_ms(&p.to_string()))
+                .sum::<f64>()
+        };
         let csw = || super::context_switches().unwrap_or(0);
         let w0 = csw();
-        let (c0, s0) = (cpu(), server_cpu());
+        let (c0, s0, t0) = (cpu(), server_cpu(), client_cpu());
         let d = direct.clone();
         let ds = measure(target.calls, k, move |id| {
             let d = d.clone();
             async move { d.call(id, echo(id)).await }
         })
         .await?;
-        let (c1, s1) = (cpu(), server_cpu());
+        let (c1, s1, t1, e1) = (cpu(), server_cpu(), client_cpu(), executors_server_cpu());
         let w1 = csw();
         let p = proxied.clone();
         let ps = measure(target.calls, k, move |id| {
@@ -489,7 +507,7 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             async move { p.call(id).await }
         })
         .await?;
-        let c2 = cpu();
+        let (c2, t2, e2) = (cpu(), client_cpu(), executors_server_cpu());
         let w2 = csw();
         let p = proxied.clone();
         let hs = measure(target.calls, k, move |id| {
@@ -505,6 +523,9 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             direct_bmx_cpu_us: per_call(c1 - c0),
             proxied_bmx_cpu_us: per_call(c2 - c1),
             direct_server_cpu_us: per_call(s1 - s0),
+            direct_client_cpu_us: per_call(t1 - t0),
+            proxied_client_cpu_us: per_call(t2 - t1),
+            proxied_server_cpu_us: per_call(e2 - e1),
             direct_switches: w1.saturating_sub(w0) as f64 / calls,
             proxied_switches: w2.saturating_sub(w1) as f64 / calls,
             in_flight: k,

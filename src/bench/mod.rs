@@ -59,6 +59,22 @@ pub fn context_switches() -> Option<u64> {
     Some(total)
 }
 
+/// The pids of this process's children (of every thread's).
+pub fn children_of_self() -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
 /// `VmRSS` of `/proc/<pid>` (`"self"` for this process), in KiB.
 pub fn rss_kib(pid: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

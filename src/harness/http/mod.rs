@@ -329,8 +329,8 @@ async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response 
     let path = req.uri().path();
     let own_credential = path == CONNECT_PATH
         || path.starts_with(RELAYS)
-        || path.starts_with(&format!("{}/", crate::harness::api::artifacts::UPLOAD_PATH))
-        || path.starts_with(&format!("{}/", crate::harness::api::skills::DOWNLOAD_PATH))
+        || under(path, crate::harness::api::artifacts::UPLOAD_PATH)
+        || under(path, crate::harness::api::skills::DOWNLOAD_PATH)
         || enrollments::is_public(req.method(), path)
         || console::is_public(path);
     if own_credential {
@@ -359,6 +359,13 @@ async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response 
         }
     }
     next.run(req).await
+}
+
+/// Whether `path` is below `prefix` (`prefix/…`): without allocating,
+/// since every request asks.
+fn under(path: &str, prefix: &str) -> bool {
+    path.strip_prefix(prefix)
+        .is_some_and(|rest| rest.starts_with('/'))
 }
 
 async fn not_found() -> ApiError {
@@ -869,6 +876,14 @@ async fn relay_dial(State(app): State<App>, Path(ticket): Path<String>, req: Req
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn under_means_below_the_prefix_not_beside_it() {
+        assert!(under("/v1/artifact-uploads/t-1", "/v1/artifact-uploads"));
+        assert!(!under("/v1/artifact-uploads", "/v1/artifact-uploads"));
+        assert!(!under("/v1/artifact-uploadsx/t-1", "/v1/artifact-uploads"));
+        assert!(!under("/v1/sessions/s-1", "/v1/artifact-uploads"));
+    }
 
     #[test]
     fn null_members_are_found_at_any_depth_but_not_in_free_form_values() {
