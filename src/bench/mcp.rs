@@ -37,7 +37,12 @@ pub struct McpOptions {
     pub command: PathBuf,
     pub calls: usize,
     pub concurrency: Vec<usize>,
+    /// Calls on each path before the rows, [`WARMUP_IN_FLIGHT`] at a time.
+    pub warmup: usize,
 }
+
+/// Requests in flight during the warm-up.
+const WARMUP_IN_FLIGHT: usize = 32;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -80,14 +85,15 @@ pub struct Row {
 #[derive(Debug, Clone, Serialize)]
 pub struct McpReport {
     pub calls: usize,
+    pub warmup: usize,
     pub rows: Vec<Row>,
 }
 
 impl McpReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "tools/call echo, {} calls per row\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12}\n",
-            self.calls, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
+            "tools/call echo, {} calls per row after {} on each path\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12}\n",
+            self.calls, self.warmup, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
             "proxy/s", "p50_x", "tput_x", "harness_p50"
         );
         for r in &self.rows {
@@ -392,11 +398,13 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
         auth: local.auth(),
         calls: opts.calls,
         concurrency: opts.concurrency.clone(),
+        warmup: opts.warmup,
     };
     let rows = on_client_thread(move || clients(target)).await;
     local.shutdown().await;
     Ok(McpReport {
         calls: opts.calls,
+        warmup: opts.warmup,
         rows: rows?,
     })
 }
@@ -408,6 +416,7 @@ struct Target {
     auth: String,
     calls: usize,
     concurrency: Vec<usize>,
+    warmup: usize,
 }
 
 /// Runs the clients on a thread and runtime of their own, as a separate
@@ -470,10 +479,29 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         .await?;
     let proxied = Arc::new(proxied);
 
-    // Warm both paths.
+    // Warm both paths: a few calls one at a time, then `warmup` calls
+    // each. Node compiles its hot code only after thousands of calls; a
+    // cold server makes the direct baseline slow and so flatters the
+    // ratio (2 000-call rows with 50 calls of warm-up gave a direct p50 of
+    // 124-145 us at one in flight against 84-90 us after 20 000;
+    // docs/benchmarks.md).
     for id in 1..=50 {
         direct.call(id, echo(id)).await?;
         proxied.call(id).await?;
+    }
+    if target.warmup > 0 {
+        let d = direct.clone();
+        measure(target.warmup, WARMUP_IN_FLIGHT, move |id| {
+            let d = d.clone();
+            async move { d.call(id, echo(id)).await }
+        })
+        .await?;
+        let p = proxied.clone();
+        measure(target.warmup, WARMUP_IN_FLIGHT, move |id| {
+            let p = p.clone();
+            async move { p.call(id).await }
+        })
+        .await?;
     }
     let mut rows = Vec::new();
     for &k in &target.concurrency {

@@ -84,6 +84,10 @@ pub enum BenchCommand {
         /// Requests in flight, one row each.
         #[arg(long, value_delimiter = ',', default_value = "1,32")]
         in_flight: Vec<usize>,
+        /// Calls on each path, 32 at a time, before the rows: node's JIT
+        /// warms up, so the rows measure the servers' steady state.
+        #[arg(long, default_value_t = 5000)]
+        warmup: usize,
         #[arg(long)]
         json: bool,
     },
@@ -299,11 +303,13 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             command,
             calls,
             in_flight,
+            warmup,
             json,
         } => {
             let opts = mcp::McpOptions {
                 command,
                 calls: calls.max(1),
+                warmup,
                 concurrency: in_flight.into_iter().filter(|&k| k > 0).collect(),
             };
             report("mcp", json, mcp::run(&opts).await, |r| r.table())
