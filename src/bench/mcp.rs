@@ -114,9 +114,10 @@ impl McpReport {
         s.push_str("CPU per call: client thread + harness and executor + node\n");
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>9} direct {:.0}us + 0 + {:.0}us, proxied {:.0}us + {:.0}us + {:.0}us; context switches of bmx per call: direct {:.2}, proxied {:.2}\n",
+                "{:>9} direct {:.0}us + {:.0}us + {:.0}us, proxied {:.0}us + {:.0}us + {:.0}us; context switches of bmx per call: direct {:.2}, proxied {:.2}\n",
                 r.in_flight,
                 r.direct_client_cpu_us,
+                r.direct_bmx_cpu_us - r.direct_client_cpu_us,
                 r.direct_server_cpu_us,
                 r.proxied_client_cpu_us,
                 r.proxied_bmx_cpu_us - r.proxied_client_cpu_us,
@@ -489,19 +490,23 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         direct.call(id, echo(id)).await?;
         proxied.call(id).await?;
     }
-    if target.warmup > 0 {
+    let direct_echo = {
         let d = direct.clone();
-        measure(target.warmup, WARMUP_IN_FLIGHT, move |id| {
+        move |id| {
             let d = d.clone();
             async move { d.call(id, echo(id)).await }
-        })
-        .await?;
+        }
+    };
+    let proxied_echo = {
         let p = proxied.clone();
-        measure(target.warmup, WARMUP_IN_FLIGHT, move |id| {
+        move |id| {
             let p = p.clone();
             async move { p.call(id).await }
-        })
-        .await?;
+        }
+    };
+    if target.warmup > 0 {
+        measure(target.warmup, WARMUP_IN_FLIGHT, direct_echo.clone()).await?;
+        measure(target.warmup, WARMUP_IN_FLIGHT, proxied_echo.clone()).await?;
     }
     let mut rows = Vec::new();
     for &k in &target.concurrency {
@@ -511,7 +516,7 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         let server_pid = direct.child.id().unwrap_or(0);
         let server = server_pid.to_string();
         let server_cpu = || super::cpu_ms(&server).unwrap_or(0.0);
-        let executors_server_cpu = || {
+        let proxied_server_cpu = || {
             super::children_of_self()
                 .into_iter()
                 .filter(|&p| p != server_pid)
@@ -521,21 +526,11 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         let csw = || super::context_switches().unwrap_or(0);
         let w0 = csw();
         let (c0, s0, t0) = (cpu(), server_cpu(), client_cpu());
-        let d = direct.clone();
-        let ds = measure(target.calls, k, move |id| {
-            let d = d.clone();
-            async move { d.call(id, echo(id)).await }
-        })
-        .await?;
-        let (c1, s1, t1, e1) = (cpu(), server_cpu(), client_cpu(), executors_server_cpu());
+        let ds = measure(target.calls, k, direct_echo.clone()).await?;
+        let (c1, s1, t1, e1) = (cpu(), server_cpu(), client_cpu(), proxied_server_cpu());
         let w1 = csw();
-        let p = proxied.clone();
-        let ps = measure(target.calls, k, move |id| {
-            let p = p.clone();
-            async move { p.call(id).await }
-        })
-        .await?;
-        let (c2, t2, e2) = (cpu(), client_cpu(), executors_server_cpu());
+        let ps = measure(target.calls, k, proxied_echo.clone()).await?;
+        let (c2, t2, e2) = (cpu(), client_cpu(), proxied_server_cpu());
         let w2 = csw();
         let p = proxied.clone();
         let hs = measure(target.calls, k, move |id| {
@@ -568,6 +563,8 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             throughput_ratio: ds.per_s / ps.per_s,
         });
     }
+    // The closures hold the last other reference to `direct`.
+    drop((direct_echo, proxied_echo));
     if let Ok(d) = Arc::try_unwrap(direct) {
         let mut child = d.child;
         let _ = child.kill().await;

@@ -118,7 +118,7 @@ pub(crate) fn is_public(path: &str) -> bool {
         || path == "/console/login"
         || path == "/console/logout"
         || path == "/console/session"
-        || path.starts_with(&format!("{}/", assets::ASSETS_PATH))
+        || super::under(path, assets::ASSETS_PATH)
 }
 
 /// Served at all: with an API token, or on a loopback address. Without
