@@ -57,6 +57,12 @@ pub struct Row {
     /// the same endpoint and answered 202 by the channel actor without
     /// reaching the executor (HTTP round trip + one actor hop).
     pub harness_only_p50_us: f64,
+    /// The loopback HTTP hop alone: p50 and calls/s of the same POST to a
+    /// bare hyper server on the harness's runtime that answers the echo
+    /// itself (no routing, no auth, no actor, no executor, no server).
+    /// The direct path has no such hop; the proxied one cannot avoid it.
+    pub http_floor_p50_us: f64,
+    pub http_floor_calls_per_s: f64,
     /// CPU of this process (the client thread; and, proxied, the harness
     /// and the executor) per call, in µs.
     pub direct_bmx_cpu_us: f64,
@@ -86,19 +92,22 @@ pub struct Row {
 pub struct McpReport {
     pub calls: usize,
     pub warmup: usize,
+    /// Worker threads of the runtime the harness and executor ran on
+    /// (`--worker-threads`; by default one per CPU).
+    pub workers: usize,
     pub rows: Vec<Row>,
 }
 
 impl McpReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "tools/call echo, {} calls per row after {} on each path\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12}\n",
-            self.calls, self.warmup, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
-            "proxy/s", "p50_x", "tput_x", "harness_p50"
+            "tools/call echo, {} calls per row after {} on each path; harness and executor on {} worker thread(s)\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12} {:>10} {:>9}\n",
+            self.calls, self.warmup, self.workers, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
+            "proxy/s", "p50_x", "tput_x", "harness_p50", "http_p50", "http/s"
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2} {:>10.0}us\n",
+                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2} {:>10.0}us {:>8.0}us {:>9.0}\n",
                 r.in_flight,
                 r.direct_p50_us,
                 r.direct_p99_us,
@@ -108,7 +117,9 @@ impl McpReport {
                 r.proxied_calls_per_s,
                 r.p50_ratio,
                 r.throughput_ratio,
-                r.harness_only_p50_us
+                r.harness_only_p50_us,
+                r.http_floor_p50_us,
+                r.http_floor_calls_per_s
             ));
         }
         s.push_str("CPU per call: client thread + harness and executor + node\n");
@@ -377,6 +388,46 @@ where
     Ok(stats(all, wall.elapsed()))
 }
 
+/// A bare HTTP/1.1 server on loopback that answers every POST with the
+/// `echo` tool's result for the request's id: the floor of any HTTP hop
+/// on this machine, measured by the same client as the proxied path.
+/// It runs on this runtime, as the harness does.
+async fn http_floor() -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = tcp.set_nodelay(true);
+            conns.spawn(async move {
+                let service = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let id = serde_json::from_slice::<Value>(&body)
+                            .map(|v| v["id"].clone())
+                            .unwrap_or(Value::Null);
+                        let answer = json!({"jsonrpc": "2.0", "id": id, "result": {
+                            "content": [{"type": "text", "text": "Echo: bench"}]}})
+                        .to_string();
+                        let mut resp = http::Response::new(Full::new(Bytes::from(answer)));
+                        resp.headers_mut().insert(
+                            http::header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                        Ok::<_, hyper::Error>(resp)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
 pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
     let command = std::fs::canonicalize(&opts.command).map_err(|e| {
         format!(
@@ -393,8 +444,10 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
             "transport": {"type": "stdio", "command": command}}]}),
         )
         .await?;
+    let (floor_addr, floor) = http_floor().await?;
     let target = Target {
         command,
+        floor_url: format!("http://{floor_addr}/mcp"),
         url: local.url(&format!("/v1/sessions/{session}/mcp/ev")),
         auth: local.auth(),
         calls: opts.calls,
@@ -402,10 +455,13 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
         warmup: opts.warmup,
     };
     let rows = on_client_thread(move || clients(target)).await;
+    // Its connections are in its JoinSet: dropped (aborted) with it.
+    floor.abort();
     local.shutdown().await;
     Ok(McpReport {
         calls: opts.calls,
         warmup: opts.warmup,
+        workers: tokio::runtime::Handle::current().metrics().num_workers(),
         rows: rows?,
     })
 }
@@ -414,6 +470,8 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
 struct Target {
     command: PathBuf,
     url: String,
+    /// The bare HTTP server's endpoint ([`http_floor`]).
+    floor_url: String,
     auth: String,
     calls: usize,
     concurrency: Vec<usize>,
@@ -479,6 +537,7 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         .post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into())
         .await?;
     let proxied = Arc::new(proxied);
+    let floor = Arc::new(Proxied::new(&target.floor_url, &target.auth)?);
 
     // Warm both paths: a few calls one at a time, then `warmup` calls
     // each. Node compiles its hot code only after thousands of calls; a
@@ -504,9 +563,14 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             async move { p.call(id).await }
         }
     };
+    let floor_echo = move |id| {
+        let f = floor.clone();
+        async move { f.call(id).await }
+    };
     if target.warmup > 0 {
         measure(target.warmup, WARMUP_IN_FLIGHT, direct_echo.clone()).await?;
         measure(target.warmup, WARMUP_IN_FLIGHT, proxied_echo.clone()).await?;
+        measure(target.warmup, WARMUP_IN_FLIGHT, floor_echo.clone()).await?;
     }
     let mut rows = Vec::new();
     for &k in &target.concurrency {
@@ -538,6 +602,7 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             async move { p.harness_only(id).await }
         })
         .await?;
+        let fs = measure(target.calls, k, floor_echo.clone()).await?;
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         // `measure` runs whole rounds of `k`.
         let calls = (target.calls.div_ceil(k) * k) as f64;
@@ -559,6 +624,8 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             proxied_p99_us: us(ps.p99),
             proxied_calls_per_s: ps.per_s,
             harness_only_p50_us: us(hs.p50),
+            http_floor_p50_us: us(fs.p50),
+            http_floor_calls_per_s: fs.per_s,
             p50_ratio: us(ps.p50) / us(ds.p50),
             throughput_ratio: ds.per_s / ps.per_s,
         });
@@ -583,5 +650,24 @@ mod tests {
         assert_eq!(p.path, "/v1/sessions/s-1/mcp/ev");
         assert!(Proxied::new("https://127.0.0.1:7070/x", "Bearer t").is_err());
         assert!(Proxied::new("http://localhost:7070/x", "Bearer t").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_bare_http_server_answers_each_call_with_its_own_id() {
+        let (addr, task) = http_floor().await.unwrap();
+        let client = Proxied::new(&format!("http://{addr}/mcp"), "Bearer t").unwrap();
+        for id in [7, 8, 9] {
+            client.call(id).await.unwrap();
+        }
+        // A call whose answer carried another id would fail.
+        let (_, messages) = client.post(echo(41)).await.unwrap();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0]["id"], 41);
+        assert_eq!(
+            client.idle.lock().unwrap().len(),
+            1,
+            "one kept-alive connection"
+        );
+        task.abort();
     }
 }

@@ -29,6 +29,12 @@ pub struct Cli {
     /// terminal) or `json` (one object per line, for log shippers).
     #[arg(long, global = true, env = "BMX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Worker threads of the async runtime (default: one per CPU, or
+    /// tokio's `TOKIO_WORKER_THREADS`). Fewer leave more CPU to the
+    /// sessions' own processes and cost less per relayed message; more
+    /// carry bulk output faster (docs/benchmarks.md, "Runtime size").
+    #[arg(long, global = true, env = "BMX_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -160,10 +166,11 @@ pub fn main() -> ExitCode {
             Err(e) => tracing::warn!(error = %e, "could not scrub secrets from /proc/self"),
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.worker_threads {
+        builder.worker_threads(usize::from(n));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("bmx: cannot start the runtime: {e}");
@@ -200,3 +207,26 @@ pub fn main() -> ExitCode {
 
 /// How long the exit waits for blocking threads still running.
 const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_threads_is_global_and_bounded() {
+        let cli = Cli::try_parse_from(["bmx", "up", "--worker-threads", "1"]).unwrap();
+        assert_eq!(cli.worker_threads, Some(1));
+        let cli = Cli::try_parse_from(["bmx", "--worker-threads", "3", "bench", "mcp"]).unwrap();
+        assert_eq!(cli.worker_threads, Some(3));
+        assert!(Cli::try_parse_from(["bmx", "up"])
+            .unwrap()
+            .worker_threads
+            .is_none());
+        for bad in ["0", "1025", "-1", "two"] {
+            assert!(
+                Cli::try_parse_from(["bmx", "up", "--worker-threads", bad]).is_err(),
+                "{bad} accepted"
+            );
+        }
+    }
+}
