@@ -12,15 +12,22 @@ pub struct Local {
     executor: ExecutorHandle,
     pub http: reqwest::Client,
     api_token: String,
+    /// The API's Unix socket (`HarnessBuilder::api_unix`), in a directory
+    /// of its own, out of the sessions' workspaces.
+    pub api_unix: std::path::PathBuf,
     _work: tempfile::TempDir,
+    _sockets: tempfile::TempDir,
 }
 
 impl Local {
     /// Start both; `tweak` adjusts the executor's config (agents, ...).
     pub async fn start(tweak: impl FnOnce(&mut ExecutorConfig)) -> Result<Local, String> {
         let api_token = format!("bench-{}", uuid::Uuid::new_v4().simple());
+        let sockets = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let api_unix = sockets.path().join("api.sock");
         let harness = Harness::builder()
             .listen("127.0.0.1:0".parse().map_err(|e| format!("{e}"))?)
+            .api_unix(&api_unix)
             .token("bench", "bench-token")
             .api_token(Some(api_token.clone()))
             .build()
@@ -46,7 +53,9 @@ impl Local {
             executor,
             http: reqwest::Client::new(),
             api_token,
+            api_unix,
             _work: work,
+            _sockets: sockets,
         })
     }
 

@@ -7,7 +7,11 @@
 //! * `proxied`: an in-process harness and executor on loopback; the bench
 //!   is an HTTP client of the harness's Streamable HTTP endpoint
 //!   (`/v1/sessions/{id}/mcp/{key}`), which carries each call over the
-//!   executor's WebSocket (`mcp.frame`) to the server's stdio and back.
+//!   executor's WebSocket (`mcp.frame`) to the server's stdio and back;
+//! * `unix`: the same, with the client on the harness's API Unix socket
+//!   (`--api-unix`) instead of loopback TCP;
+//! * `http`: a bare HTTP server answering the echo itself, the floor of
+//!   the one hop the proxied path has and the direct path has not.
 //!
 //! Each row runs `calls` calls with 1 and with 32 in flight and reports
 //! latency p50/p99 and calls per second; the ratios are proxied/direct.
@@ -63,6 +67,12 @@ pub struct Row {
     /// The direct path has no such hop; the proxied one cannot avoid it.
     pub http_floor_p50_us: f64,
     pub http_floor_calls_per_s: f64,
+    /// The proxied path with the client on the harness's API Unix socket
+    /// (`--api-unix`) instead of loopback TCP: p50, calls/s, and p50 over
+    /// the direct p50.
+    pub unix_p50_us: f64,
+    pub unix_calls_per_s: f64,
+    pub unix_p50_ratio: f64,
     /// CPU of this process (the client thread; and, proxied, the harness
     /// and the executor) per call, in µs.
     pub direct_bmx_cpu_us: f64,
@@ -101,13 +111,13 @@ pub struct McpReport {
 impl McpReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "tools/call echo, {} calls per row after {} on each path; harness and executor on {} worker thread(s)\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12} {:>10} {:>9}\n",
+            "tools/call echo, {} calls per row after {} on each path; harness and executor on {} worker thread(s)\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12} {:>10} {:>9} {:>10} {:>9} {:>7}\n",
             self.calls, self.warmup, self.workers, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
-            "proxy/s", "p50_x", "tput_x", "harness_p50", "http_p50", "http/s"
+            "proxy/s", "p50_x", "tput_x", "harness_p50", "http_p50", "http/s", "unix_p50", "unix/s", "unix_x"
         );
         for r in &self.rows {
             s.push_str(&format!(
-                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2} {:>10.0}us {:>8.0}us {:>9.0}\n",
+                "{:>9} {:>10.0}us {:>10.0}us {:>10.0} {:>10.0}us {:>10.0}us {:>10.0} {:>9.2} {:>9.2} {:>10.0}us {:>8.0}us {:>9.0} {:>8.0}us {:>9.0} {:>7.2}\n",
                 r.in_flight,
                 r.direct_p50_us,
                 r.direct_p99_us,
@@ -119,7 +129,10 @@ impl McpReport {
                 r.throughput_ratio,
                 r.harness_only_p50_us,
                 r.http_floor_p50_us,
-                r.http_floor_calls_per_s
+                r.http_floor_calls_per_s,
+                r.unix_p50_us,
+                r.unix_calls_per_s,
+                r.unix_p50_ratio
             ));
         }
         s.push_str("CPU per call: client thread + harness and executor + node\n");
@@ -245,7 +258,7 @@ impl Direct {
 /// fifth of all samples, which measured the client more than the path.
 /// This one parses the URL once and builds the same request each time.
 struct Proxied {
-    addr: std::net::SocketAddr,
+    dial: Dial,
     path: String,
     /// `Bearer <api token>`.
     auth: HeaderValue,
@@ -253,12 +266,29 @@ struct Proxied {
     idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
 }
 
+/// Where the client connects.
+#[derive(Debug, Clone, PartialEq)]
+enum Dial {
+    Tcp(std::net::SocketAddr),
+    /// The harness's API Unix socket.
+    Unix(PathBuf),
+}
+
+impl Dial {
+    fn host(&self) -> String {
+        match self {
+            Dial::Tcp(a) => a.to_string(),
+            Dial::Unix(_) => "localhost".to_owned(),
+        }
+    }
+}
+
 impl Proxied {
     fn new(url: &str, auth: &str) -> Result<Proxied, String> {
         let rest = url.strip_prefix("http://").ok_or("not an http:// url")?;
         let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         Ok(Proxied {
-            addr: host.parse().map_err(|e| format!("{host}: {e}"))?,
+            dial: Dial::Tcp(host.parse().map_err(|e| format!("{host}: {e}"))?),
             path: path.to_owned(),
             auth: HeaderValue::from_str(auth).map_err(|e| e.to_string())?,
             session: String::new(),
@@ -271,24 +301,27 @@ impl Proxied {
         if let Some(c) = idle.filter(|c| !c.is_closed()) {
             return Ok(c);
         }
-        let tcp = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .map_err(|e| e.to_string())?;
-        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| e.to_string())?;
-        // On the client's own runtime (the bench-client thread).
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(send)
+        match &self.dial {
+            Dial::Tcp(addr) => {
+                let tcp = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+                handshake(tcp).await
+            }
+            Dial::Unix(path) => {
+                let unix = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                handshake(unix).await
+            }
+        }
     }
 
     async fn post(&self, body: String) -> Result<(HeaderMap, Vec<Value>), String> {
         let mut send = self.connection().await?;
         let mut req = http::Request::post(self.path.as_str())
-            .header(http::header::HOST, self.addr.to_string())
+            .header(http::header::HOST, self.dial.host())
             .header(http::header::AUTHORIZATION, self.auth.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::ACCEPT, "application/json, text/event-stream");
@@ -388,6 +421,21 @@ where
     Ok(stats(all, wall.elapsed()))
 }
 
+/// An HTTP/1.1 client connection over `io`, driven on the client's own
+/// runtime (the bench-client thread).
+async fn handshake<I>(io: I) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(send)
+}
+
 /// A bare HTTP/1.1 server on loopback that answers every POST with the
 /// `echo` tool's result for the request's id: the floor of any HTTP hop
 /// on this machine, measured by the same client as the proxied path.
@@ -448,6 +496,7 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
     let target = Target {
         command,
         floor_url: format!("http://{floor_addr}/mcp"),
+        api_unix: local.api_unix.clone(),
         url: local.url(&format!("/v1/sessions/{session}/mcp/ev")),
         auth: local.auth(),
         calls: opts.calls,
@@ -472,6 +521,8 @@ struct Target {
     url: String,
     /// The bare HTTP server's endpoint ([`http_floor`]).
     floor_url: String,
+    /// The harness's API Unix socket: the proxied path without TCP.
+    api_unix: PathBuf,
     auth: String,
     calls: usize,
     concurrency: Vec<usize>,
@@ -536,6 +587,14 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
     proxied
         .post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into())
         .await?;
+    // The same client session over the harness's Unix socket.
+    let unix = Arc::new(Proxied {
+        dial: Dial::Unix(target.api_unix.clone()),
+        path: proxied.path.clone(),
+        auth: proxied.auth.clone(),
+        session: proxied.session.clone(),
+        idle: Mutex::new(Vec::new()),
+    });
     let proxied = Arc::new(proxied);
     let floor = Arc::new(Proxied::new(&target.floor_url, &target.auth)?);
 
@@ -567,10 +626,15 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         let f = floor.clone();
         async move { f.call(id).await }
     };
+    let unix_echo = move |id| {
+        let u = unix.clone();
+        async move { u.call(id).await }
+    };
     if target.warmup > 0 {
         measure(target.warmup, WARMUP_IN_FLIGHT, direct_echo.clone()).await?;
         measure(target.warmup, WARMUP_IN_FLIGHT, proxied_echo.clone()).await?;
         measure(target.warmup, WARMUP_IN_FLIGHT, floor_echo.clone()).await?;
+        measure(target.warmup, WARMUP_IN_FLIGHT, unix_echo.clone()).await?;
     }
     let mut rows = Vec::new();
     for &k in &target.concurrency {
@@ -603,6 +667,7 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         })
         .await?;
         let fs = measure(target.calls, k, floor_echo.clone()).await?;
+        let us_ = measure(target.calls, k, unix_echo.clone()).await?;
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         // `measure` runs whole rounds of `k`.
         let calls = (target.calls.div_ceil(k) * k) as f64;
@@ -626,6 +691,9 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
             harness_only_p50_us: us(hs.p50),
             http_floor_p50_us: us(fs.p50),
             http_floor_calls_per_s: fs.per_s,
+            unix_p50_us: us(us_.p50),
+            unix_calls_per_s: us_.per_s,
+            unix_p50_ratio: us(us_.p50) / us(ds.p50),
             p50_ratio: us(ps.p50) / us(ds.p50),
             throughput_ratio: ds.per_s / ps.per_s,
         });
@@ -646,7 +714,7 @@ mod tests {
     #[test]
     fn the_client_parses_the_endpoint_once() {
         let p = Proxied::new("http://127.0.0.1:7070/v1/sessions/s-1/mcp/ev", "Bearer t").unwrap();
-        assert_eq!(p.addr, "127.0.0.1:7070".parse().unwrap());
+        assert_eq!(p.dial, Dial::Tcp("127.0.0.1:7070".parse().unwrap()));
         assert_eq!(p.path, "/v1/sessions/s-1/mcp/ev");
         assert!(Proxied::new("https://127.0.0.1:7070/x", "Bearer t").is_err());
         assert!(Proxied::new("http://localhost:7070/x", "Bearer t").is_err());

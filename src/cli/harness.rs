@@ -21,6 +21,10 @@ pub struct HarnessArgs {
     /// Also accept executors on this Unix socket.
     #[arg(long)]
     pub listen_unix: Option<PathBuf>,
+    /// Also serve the whole HTTP API on this Unix socket (mode 0600; the
+    /// API token applies as on TCP): for a platform on the same host.
+    #[arg(long, env = "BMX_API_UNIX")]
+    pub api_unix: Option<PathBuf>,
     /// An executor credential, `EXECUTOR_ID=SECRET` (repeatable).
     #[arg(long = "token", value_name = "ID=SECRET")]
     pub tokens: Vec<String>,
@@ -93,6 +97,9 @@ pub struct UpArgs {
     /// default). Then `bmx run "prompt"` talks to it.
     #[arg(long = "agent", value_name = "NAME=COMMAND")]
     pub agents: Vec<String>,
+    /// Also serve the API on this Unix socket (mode 0600).
+    #[arg(long, env = "BMX_API_UNIX")]
+    pub api_unix: Option<PathBuf>,
 }
 
 /// `NAME=COMMAND [ARGS...]` → (name, argv), as `bmx executor --agent` reads it.
@@ -253,6 +260,9 @@ impl HarnessArgs {
         if let Some(p) = self.listen_unix {
             b = b.listen_unix(p);
         }
+        if let Some(p) = self.api_unix {
+            b = b.api_unix(p);
+        }
         if let Some(r) = replicas {
             b = b.replicas(r);
         }
@@ -363,13 +373,14 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let h: HarnessHandle = match Harness::builder()
+    let mut builder = Harness::builder()
         .durable_state(durable)
         .listen(SocketAddr::from(([127, 0, 0, 1], args.port)))
-        .token(args.executor_id.clone(), token.clone())
-        .build()
-        .await
-    {
+        .token(args.executor_id.clone(), token.clone());
+    if let Some(p) = &args.api_unix {
+        builder = builder.api_unix(p);
+    }
+    let h: HarnessHandle = match builder.build().await {
         Ok(h) => h,
         Err(e) => {
             eprintln!("bmx up: {e}");

@@ -26,6 +26,10 @@ pub struct HarnessConfig {
     pub listen: SocketAddr,
     /// Also accept executors on this Unix socket (same handshake).
     pub listen_unix: Option<PathBuf>,
+    /// Also serve the whole HTTP API (every route `listen` serves,
+    /// executors' upgrades included) on this Unix socket, mode `0600`:
+    /// for a platform on the same host. The API token applies as on TCP.
+    pub api_unix: Option<PathBuf>,
     /// `heartbeatIntervalMs` announced at register.
     pub heartbeat_interval_ms: u64,
     /// `leaseTtlMs`: silence after which a connection is closed with 4008,
@@ -148,6 +152,7 @@ impl Default for HarnessConfig {
         HarnessConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             listen_unix: None,
+            api_unix: None,
             heartbeat_interval_ms: RegisterResult::DEFAULT_HEARTBEAT_MS,
             lease_ttl_ms: RegisterResult::DEFAULT_LEASE_TTL_MS,
             api_token: None,

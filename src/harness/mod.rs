@@ -137,6 +137,12 @@ impl HarnessBuilder {
     }
 
     /// Also accept executors on a Unix socket.
+    /// Serve the HTTP API on this Unix socket too ([`HarnessConfig::api_unix`]).
+    pub fn api_unix(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.api_unix = Some(path.into());
+        self
+    }
+
     pub fn listen_unix(mut self, path: impl Into<PathBuf>) -> Self {
         self.config.listen_unix = Some(path.into());
         self
@@ -372,7 +378,25 @@ impl HarnessBuilder {
         let router = http::router(shared.clone());
         let stop = shared.shutdown.clone();
         let gate = listener::Gate::new(shared.config.connections.max_unauthenticated);
-        let server = tokio::spawn(listener::serve_tcp(
+        let api_unix = match &shared.config.api_unix {
+            Some(p) => {
+                let l = listener::bind_api_unix(p).map_err(|source| {
+                    root.stop(None);
+                    HarnessError::Listen {
+                        addr: p.display().to_string(),
+                        source,
+                    }
+                })?;
+                let (router, gate, stop) = (router.clone(), gate.clone(), stop.clone());
+                let (limits, path) = (shared.config.connections, p.clone());
+                Some(tokio::spawn(async move {
+                    listener::serve(l, router, gate, limits, stop).await;
+                    let _ = std::fs::remove_file(path);
+                }))
+            }
+            None => None,
+        };
+        let server = tokio::spawn(listener::serve(
             tcp,
             router,
             gate,
@@ -385,6 +409,7 @@ impl HarnessBuilder {
             addr,
             root,
             server: Some(server),
+            api_unix,
             unix,
             in_process,
             in_process_task: Some(in_process_task),
@@ -403,6 +428,8 @@ pub struct HarnessHandle {
     /// The root supervisor: `leases`, then `connections`.
     root: ActorRef<SupervisorMsg>,
     server: Option<JoinHandle<()>>,
+    /// The API's Unix socket ([`HarnessConfig::api_unix`]).
+    api_unix: Option<JoinHandle<()>>,
     unix: Option<JoinHandle<()>>,
     in_process: crate::wire::transport::InProcess,
     in_process_task: Option<JoinHandle<()>>,
@@ -489,7 +516,10 @@ impl HarnessHandle {
     /// the listeners.
     pub async fn shutdown(mut self) {
         self.stop_now();
-        if let Some(server) = self.server.take() {
+        for server in [self.server.take(), self.api_unix.take()]
+            .into_iter()
+            .flatten()
+        {
             if tokio::time::timeout(Duration::from_secs(2), server)
                 .await
                 .is_err()

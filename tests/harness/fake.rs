@@ -526,6 +526,81 @@ async fn executors_connect_over_a_unix_socket() {
     h.shutdown().await;
 }
 
+/// One HTTP/1.1 request over a Unix socket: (status, body).
+async fn unix_request(path: &std::path::Path, uri: &str, bearer: Option<&str>) -> (u16, Value) {
+    use http_body_util::{BodyExt, Empty};
+    let io = tokio::net::UnixStream::connect(path).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = http::Request::get(uri).header(http::header::HOST, "localhost");
+    if let Some(t) = bearer {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let resp = send
+        .send_request(req.body(Empty::<bytes::Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_api_and_executors_are_served_on_the_api_unix_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    // A stale socket file of an earlier run is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let h = bmx::harness::Harness::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .api_unix(&path)
+        .token("exec-u", "secret-u")
+        .api_token(Some("api-secret".into()))
+        .build()
+        .await
+        .unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "owner only");
+    // The token applies as on TCP.
+    let (status, v) = unix_request(&path, "/v1/sessions", None).await;
+    assert_eq!(status, 401, "{v}");
+    let (status, v) = unix_request(&path, "/v1/sessions", Some("wrong")).await;
+    assert_eq!(status, 401, "{v}");
+    let (status, v) = unix_request(&path, "/v1/sessions", Some("api-secret")).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["sessions"].is_array(), "{v}");
+    // The executors' upgrade route is one of the routes.
+    let endpoint = Endpoint::Unix {
+        socket: path.clone(),
+    };
+    let mut f = dial_endpoint(&endpoint, "secret-u").await.unwrap();
+    assert_eq!(f.register(None).await.unwrap().executor_id, "exec-u");
+    assert!(h.wait_for_executor(Some("exec-u"), WAIT).await);
+    let (status, v) = unix_request(&path, "/v1/executors", Some("api-secret")).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v.to_string().contains("exec-u"), "{v}");
+    drop(f);
+    h.shutdown().await;
+    assert!(!path.exists(), "the socket file is removed at shutdown");
+}
+
+#[tokio::test]
+async fn a_path_that_is_not_a_socket_is_not_replaced_by_the_api_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    std::fs::write(&path, "not a socket").unwrap();
+    let built = bmx::harness::Harness::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .api_unix(&path)
+        .build()
+        .await;
+    assert!(built.is_err(), "bound over a regular file");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
+}
+
 #[tokio::test]
 async fn api_errors_openapi_and_token() {
     let h = bmx::harness::Harness::builder()

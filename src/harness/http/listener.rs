@@ -1,8 +1,10 @@
 //! The listeners: the TCP one serves the HTTP router (the API and the
 //! executors' upgrade route `GET /v1/executor/connect`) one hyper
-//! connection per socket, under [`ConnectionLimits`]; the optional Unix
-//! socket takes executors with the same handshake. Both end in
-//! [`connection::start`](super::connection::start).
+//! connection per socket, under [`ConnectionLimits`]; the optional API
+//! Unix socket serves the same router the same way (a co-located
+//! platform's way in, guarded by the socket file's mode as well as the
+//! token); the optional executors' Unix socket takes executors with the
+//! same handshake. All end in [`connection::start`](super::connection::start).
 //!
 //! Why not `axum::serve`: it sets no timer, so hyper's header-read timeout
 //! never runs, and it has no idle timeout or connection cap: a peer could
@@ -21,6 +23,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -184,10 +187,37 @@ impl std::future::Future for IdleClock<'_> {
     }
 }
 
+/// A listening socket the router is served on.
+pub(crate) trait Accept: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn accept(&self) -> impl std::future::Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept(&self) -> std::io::Result<Self::Io> {
+        let (tcp, _) = TcpListener::accept(self).await?;
+        // No Nagle: small frames to executors (a tool call, an MCP
+        // message) would otherwise wait for the peer's delayed ACK (40 ms
+        // on Linux) whenever an earlier one is unacknowledged.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY");
+        }
+        Ok(tcp)
+    }
+}
+
+impl Accept for UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept(&self) -> std::io::Result<Self::Io> {
+        UnixListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
 /// Serve `router` on `listener` until `stop`, then let the open
 /// connections finish (graceful: no new request on them).
-pub(crate) async fn serve_tcp(
-    listener: TcpListener,
+pub(crate) async fn serve<L: Accept>(
+    listener: L,
     router: Router,
     gate: Arc<Gate>,
     limits: ConnectionLimits,
@@ -199,8 +229,8 @@ pub(crate) async fn serve_tcp(
             a = listener.accept() => a,
             _ = stop.cancelled() => break,
         };
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
+        let io = match accepted {
+            Ok(io) => io,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning; the
                 // evictions and timeouts free descriptors meanwhile.
@@ -209,17 +239,11 @@ pub(crate) async fn serve_tcp(
                 continue;
             }
         };
-        // No Nagle: small frames to executors (a tool call, an MCP
-        // message) would otherwise wait for the peer's delayed ACK (40 ms
-        // on Linux) whenever an earlier one is unacknowledged.
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY");
-        }
         let (pass, evicted) = gate.admit();
         // hyper wakes its connection task during its own poll on most
         // requests: polled again at once, not requeued (`self_wake`).
         tasks.spawn(RepollSelfWake::new(Box::pin(serve_connection(
-            tcp,
+            io,
             router.clone(),
             pass,
             evicted,
@@ -231,9 +255,32 @@ pub(crate) async fn serve_tcp(
     tasks.wait().await;
 }
 
+/// Bind the API's Unix socket: a stale socket file of an earlier run is
+/// replaced, and the new one is made `0600` (owner only) right after the
+/// bind. Connecting needs write permission on the file, so under the
+/// usual umask (022) nobody else could connect in between either; the
+/// API token is required over it all the same.
+pub(crate) fn bind_api_unix(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    remove_stale_socket(path)?;
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// A socket file left by an earlier run; anything else at `path` is kept
+/// (bind then fails with `AddrInUse`).
+fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
+        _ => Ok(()),
+    }
+}
+
 /// One HTTP/1.1 connection (upgrades included) under the limits.
-async fn serve_connection(
-    tcp: tokio::net::TcpStream,
+async fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: I,
     router: Router,
     pass: ConnPass,
     evicted: CancellationToken,
@@ -263,7 +310,7 @@ async fn serve_connection(
         .header_read_timeout(limits.header_read_timeout)
         .keep_alive(true);
     let conn = builder
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     tokio::pin!(conn);
     let mut closing = false;
@@ -299,14 +346,7 @@ async fn serve_connection(
 
 /// Bind `path` and accept executors on it until the harness shuts down.
 pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandle<()>> {
-    if path.exists() {
-        // A stale socket of an earlier run; a live one would still refuse
-        // nothing here, so only remove sockets.
-        use std::os::unix::fs::FileTypeExt;
-        if std::fs::metadata(path)?.file_type().is_socket() {
-            std::fs::remove_file(path)?;
-        }
-    }
+    remove_stale_socket(path)?;
     let listener = UnixListener::bind(path)?;
     let path = path.to_owned();
     Ok(tokio::spawn(async move {
