@@ -297,6 +297,18 @@ impl HarnessBuilder {
             addr: config.listen.to_string(),
             source,
         })?;
+        // Bound before anything starts, so a bad path fails the build
+        // with nothing to stop.
+        let api_unix = match &config.api_unix {
+            Some(p) => Some((
+                listener::bind_api_unix(p).map_err(|source| HarnessError::Listen {
+                    addr: p.display().to_string(),
+                    source,
+                })?,
+                p.clone(),
+            )),
+            None => None,
+        };
         let relay_base = http::relay::relay_base(config.public_url.as_deref(), addr)
             .map_err(HarnessError::PublicUrl)?;
         let store: Arc<dyn LeaseStore> = match (&self.durable, self.store) {
@@ -378,24 +390,15 @@ impl HarnessBuilder {
         let router = http::router(shared.clone());
         let stop = shared.shutdown.clone();
         let gate = listener::Gate::new(shared.config.connections.max_unauthenticated);
-        let api_unix = match &shared.config.api_unix {
-            Some(p) => {
-                let l = listener::bind_api_unix(p).map_err(|source| {
-                    root.stop(None);
-                    HarnessError::Listen {
-                        addr: p.display().to_string(),
-                        source,
-                    }
-                })?;
-                let (router, gate, stop) = (router.clone(), gate.clone(), stop.clone());
-                let (limits, path) = (shared.config.connections, p.clone());
-                Some(tokio::spawn(async move {
-                    listener::serve(l, router, gate, limits, stop).await;
-                    let _ = std::fs::remove_file(path);
-                }))
-            }
-            None => None,
-        };
+        let api_unix = api_unix.map(|(l, path)| {
+            tracing::info!(path = %path.display(), "harness API on a Unix socket");
+            let (router, gate, stop) = (router.clone(), gate.clone(), stop.clone());
+            let limits = shared.config.connections;
+            tokio::spawn(async move {
+                listener::serve(l, router, gate, limits, stop).await;
+                let _ = std::fs::remove_file(path);
+            })
+        });
         let server = tokio::spawn(listener::serve(
             tcp,
             router,
