@@ -588,6 +588,31 @@ async fn the_api_and_executors_are_served_on_the_api_unix_socket() {
 }
 
 #[tokio::test]
+async fn a_second_harness_does_not_take_over_a_live_api_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let build = || {
+        bmx::harness::Harness::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .api_unix(&path)
+            .token("exec-u", "secret-u")
+            .api_token(Some("api-secret".into()))
+            .build()
+    };
+    let first = build().await.unwrap();
+    match build().await {
+        Err(bmx::harness::HarnessError::Listen { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse)
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("the live socket was taken over"),
+    }
+    let (status, _) = unix_request(&path, "/v1/sessions", Some("api-secret")).await;
+    assert_eq!(status, 200, "the first harness still serves it");
+    first.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_path_that_is_not_a_socket_is_not_replaced_by_the_api_socket() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("api.sock");
@@ -595,9 +620,17 @@ async fn a_path_that_is_not_a_socket_is_not_replaced_by_the_api_socket() {
     let built = bmx::harness::Harness::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .api_unix(&path)
+        .token("exec-u", "secret-u")
         .build()
         .await;
-    assert!(built.is_err(), "bound over a regular file");
+    match built {
+        Err(bmx::harness::HarnessError::Listen { addr, source }) => {
+            assert_eq!(addr, path.display().to_string());
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("bound over a regular file"),
+    }
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
 }
 

@@ -268,12 +268,22 @@ pub(crate) fn bind_api_unix(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// A socket file left by an earlier run; anything else at `path` is kept
+/// Remove a socket file left by an earlier run. A socket someone still
+/// listens on is not taken over (`AddrInUse`: a second harness must not
+/// steal the first one's clients), and anything else at `path` is kept
 /// (bind then fails with `AddrInUse`).
 fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    "a server is listening on this socket",
+                ));
+            }
+            std::fs::remove_file(path)
+        }
         _ => Ok(()),
     }
 }
