@@ -136,13 +136,13 @@ impl HarnessBuilder {
         self
     }
 
-    /// Also accept executors on a Unix socket.
     /// Serve the HTTP API on this Unix socket too ([`HarnessConfig::api_unix`]).
     pub fn api_unix(mut self, path: impl Into<PathBuf>) -> Self {
         self.config.api_unix = Some(path.into());
         self
     }
 
+    /// Also accept executors on a Unix socket.
     pub fn listen_unix(mut self, path: impl Into<PathBuf>) -> Self {
         self.config.listen_unix = Some(path.into());
         self

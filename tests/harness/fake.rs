@@ -613,6 +613,34 @@ async fn a_second_harness_does_not_take_over_a_live_api_socket() {
 }
 
 #[tokio::test]
+async fn a_second_harness_does_not_take_over_a_live_executor_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h.sock");
+    let build = || {
+        bmx::harness::Harness::builder()
+            .listen("127.0.0.1:0".parse().unwrap())
+            .listen_unix(&path)
+            .token("exec-u", "secret-u")
+            .build()
+    };
+    let first = build().await.unwrap();
+    match build().await {
+        Err(bmx::harness::HarnessError::Listen { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse)
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("the live socket was taken over"),
+    }
+    let mut f = dial_endpoint(&Endpoint::Unix { socket: path }, "secret-u")
+        .await
+        .unwrap();
+    assert_eq!(f.register(None).await.unwrap().executor_id, "exec-u");
+    assert!(first.wait_for_executor(Some("exec-u"), WAIT).await);
+    drop(f);
+    first.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_path_that_is_not_a_socket_is_not_replaced_by_the_api_socket() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("api.sock");
