@@ -105,14 +105,17 @@ pub struct McpReport {
     /// Worker threads of the runtime the harness and executor ran on
     /// (`--worker-threads`; by default one per CPU).
     pub workers: usize,
+    /// The CPU idle driver (and the KVM guest's halt-polling window): on a
+    /// VM it decides what a wake-up costs (docs/benchmarks.md).
+    pub cpuidle: Option<String>,
     pub rows: Vec<Row>,
 }
 
 impl McpReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "tools/call echo, {} calls per row after {} on each path; harness and executor on {} worker thread(s)\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12} {:>10} {:>9} {:>10} {:>9} {:>7}\n",
-            self.calls, self.warmup, self.workers, "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
+            "tools/call echo, {} calls per row after {} on each path; harness and executor on {} worker thread(s); cpuidle: {}\n{:>9} {:>12} {:>12} {:>10} {:>12} {:>12} {:>10} {:>9} {:>9} {:>12} {:>10} {:>9} {:>10} {:>9} {:>7}\n",
+            self.calls, self.warmup, self.workers, self.cpuidle.as_deref().unwrap_or("unknown"), "in_flight", "direct_p50", "direct_p99", "direct/s", "proxy_p50", "proxy_p99",
             "proxy/s", "p50_x", "tput_x", "harness_p50", "http_p50", "http/s", "unix_p50", "unix/s", "unix_x"
         );
         for r in &self.rows {
@@ -539,6 +542,7 @@ pub async fn run(opts: &McpOptions) -> Result<McpReport, String> {
         calls: opts.calls,
         warmup: opts.warmup,
         workers: tokio::runtime::Handle::current().metrics().num_workers(),
+        cpuidle: super::cpuidle(),
         rows: rows?,
     })
 }

@@ -37,6 +37,27 @@ fn cpu_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// The CPU idle driver, and for the KVM guest's `haltpoll` driver its
+/// polling window: on a VM, waking a halted virtual CPU costs tens of µs,
+/// and a guest that polls before it halts does not pay it, so latencies
+/// of small round trips differ severalfold with this setting
+/// (docs/benchmarks.md, "Guest halt polling"). `None` where sysfs has no
+/// idle driver.
+pub fn cpuidle() -> Option<String> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver")?;
+    let poll = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns");
+    Some(describe_cpuidle(&driver, poll.as_deref()))
+}
+
+fn describe_cpuidle(driver: &str, poll_ns: Option<&str>) -> String {
+    let driver = driver.trim();
+    match poll_ns.map(str::trim) {
+        Some(ns) if driver == "haltpoll" => format!("haltpoll, guest_halt_poll_ns={ns}"),
+        _ => driver.to_owned(),
+    }
+}
+
 /// Context switches (voluntary and not) of every live thread of this
 /// process so far: a thread that went to sleep and was woken counts one.
 /// A thread that ended (an idle blocking-pool thread) takes its count
@@ -98,6 +119,16 @@ mod tests {
         assert_eq!(cpu_ticks(stat), Some(42));
         assert_eq!(cpu_ticks("4242 (short) S 1 2"), None);
         assert_eq!(cpu_ticks("no parenthesis"), None);
+    }
+
+    #[test]
+    fn cpuidle_names_the_driver_and_the_guest_polling_window() {
+        assert_eq!(
+            describe_cpuidle("haltpoll\n", Some("0\n")),
+            "haltpoll, guest_halt_poll_ns=0"
+        );
+        assert_eq!(describe_cpuidle("intel_idle\n", Some("0\n")), "intel_idle");
+        assert_eq!(describe_cpuidle("haltpoll", None), "haltpoll");
     }
 
     #[test]
