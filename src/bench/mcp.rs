@@ -153,6 +153,17 @@ impl McpReport {
                 r.proxied_switches
             ));
         }
+        if self
+            .cpuidle
+            .as_deref()
+            .is_some_and(|c| c.ends_with("guest_halt_poll_ns=0"))
+        {
+            s.push_str(
+                "note: this VM halts an idle CPU at once (guest_halt_poll_ns=0): each wake-up of one \
+                 costs tens of us, and the proxied path has twice the direct path's \
+                 (docs/benchmarks.md, \"Guest halt polling\")\n",
+            );
+        }
         s
     }
 }
@@ -727,6 +738,27 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_says_when_the_vm_halts_idle_cpus_at_once() {
+        let report = |cpuidle: Option<&str>| McpReport {
+            calls: 1,
+            warmup: 0,
+            workers: 2,
+            cpuidle: cpuidle.map(str::to_owned),
+            rows: Vec::new(),
+        };
+        let off = report(Some("haltpoll, guest_halt_poll_ns=0")).table();
+        assert!(off.contains("cpuidle: haltpoll, guest_halt_poll_ns=0"));
+        assert!(off.contains("halts an idle CPU at once"));
+        for other in [
+            Some("haltpoll, guest_halt_poll_ns=200000"),
+            Some("intel_idle"),
+            None,
+        ] {
+            assert!(!report(other).table().contains("halts an idle CPU"));
+        }
+    }
 
     #[test]
     fn the_client_parses_the_endpoint_once() {
