@@ -587,6 +587,22 @@ async fn the_api_and_executors_are_served_on_the_api_unix_socket() {
     assert!(!path.exists(), "the socket file is removed at shutdown");
 }
 
+/// The build failed to listen on `path` because something holds it.
+fn refused_in_use<T>(
+    built: Result<T, bmx::harness::HarnessError>,
+    path: &std::path::Path,
+    if_built: &str,
+) {
+    match built {
+        Err(bmx::harness::HarnessError::Listen { addr, source }) => {
+            assert_eq!(addr, path.display().to_string());
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("{if_built}"),
+    }
+}
+
 #[tokio::test]
 async fn a_second_harness_does_not_take_over_a_live_api_socket() {
     let dir = tempfile::tempdir().unwrap();
@@ -600,13 +616,7 @@ async fn a_second_harness_does_not_take_over_a_live_api_socket() {
             .build()
     };
     let first = build().await.unwrap();
-    match build().await {
-        Err(bmx::harness::HarnessError::Listen { source, .. }) => {
-            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse)
-        }
-        Err(e) => panic!("another error: {e}"),
-        Ok(_) => panic!("the live socket was taken over"),
-    }
+    refused_in_use(build().await, &path, "the live socket was taken over");
     let (status, _) = unix_request(&path, "/v1/sessions", Some("api-secret")).await;
     assert_eq!(status, 200, "the first harness still serves it");
     first.shutdown().await;
@@ -624,13 +634,7 @@ async fn a_second_harness_does_not_take_over_a_live_executor_socket() {
             .build()
     };
     let first = build().await.unwrap();
-    match build().await {
-        Err(bmx::harness::HarnessError::Listen { source, .. }) => {
-            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse)
-        }
-        Err(e) => panic!("another error: {e}"),
-        Ok(_) => panic!("the live socket was taken over"),
-    }
+    refused_in_use(build().await, &path, "the live socket was taken over");
     let mut f = dial_endpoint(&Endpoint::Unix { socket: path }, "secret-u")
         .await
         .unwrap();
@@ -651,14 +655,7 @@ async fn a_path_that_is_not_a_socket_is_not_replaced_by_the_api_socket() {
         .token("exec-u", "secret-u")
         .build()
         .await;
-    match built {
-        Err(bmx::harness::HarnessError::Listen { addr, source }) => {
-            assert_eq!(addr, path.display().to_string());
-            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse);
-        }
-        Err(e) => panic!("another error: {e}"),
-        Ok(_) => panic!("bound over a regular file"),
-    }
+    refused_in_use(built, &path, "bound over a regular file");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "not a socket");
 }
 
