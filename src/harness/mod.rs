@@ -299,14 +299,14 @@ impl HarnessBuilder {
         })?;
         // Bound before anything starts, so a bad path fails the build
         // with nothing to stop.
+        // Its file goes with the listener if the build fails below.
         let api_unix = match &config.api_unix {
-            Some(p) => Some((
+            Some(p) => Some(
                 listener::bind_api_unix(p).map_err(|source| HarnessError::Listen {
                     addr: p.display().to_string(),
                     source,
                 })?,
-                p.clone(),
-            )),
+            ),
             None => None,
         };
         let relay_base = http::relay::relay_base(config.public_url.as_deref(), addr)
@@ -390,14 +390,18 @@ impl HarnessBuilder {
         let router = http::router(shared.clone());
         let stop = shared.shutdown.clone();
         let gate = listener::Gate::new(shared.config.connections.max_unauthenticated);
-        let api_unix = api_unix.map(|(l, path)| {
-            tracing::info!(path = %path.display(), "harness API on a Unix socket");
-            let (router, gate, stop) = (router.clone(), gate.clone(), stop.clone());
+        let api_unix = api_unix.map(|l| {
+            if let Some(path) = &shared.config.api_unix {
+                tracing::info!(path = %path.display(), "harness API on a Unix socket");
+            }
             let limits = shared.config.connections;
-            tokio::spawn(async move {
-                listener::serve(l, router, gate, limits, stop).await;
-                let _ = std::fs::remove_file(path);
-            })
+            tokio::spawn(listener::serve(
+                l,
+                router.clone(),
+                gate.clone(),
+                limits,
+                stop.clone(),
+            ))
         });
         let server = tokio::spawn(listener::serve(
             tcp,

@@ -645,6 +645,24 @@ async fn a_second_harness_does_not_take_over_a_live_executor_socket() {
 }
 
 #[tokio::test]
+async fn a_build_that_fails_after_binding_the_api_socket_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("api.sock");
+    let built = bmx::harness::Harness::builder()
+        .listen("127.0.0.1:0".parse().unwrap())
+        .api_unix(&path)
+        .token("exec-u", "secret-u")
+        .public_url(Some("ftp://example.test".into()))
+        .build()
+        .await;
+    assert!(
+        matches!(built, Err(bmx::harness::HarnessError::PublicUrl(_))),
+        "the public URL is checked after the bind"
+    );
+    assert!(!path.exists(), "the socket file went with its listener");
+}
+
+#[tokio::test]
 async fn a_path_that_is_not_a_socket_is_not_replaced_by_the_api_socket() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("api.sock");

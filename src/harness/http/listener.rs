@@ -19,7 +19,7 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -207,15 +207,44 @@ impl Accept for TcpListener {
     }
 }
 
-impl Accept for UnixListener {
+/// A Unix socket this harness bound, and its file: the file is removed
+/// when the listener is dropped, so it goes with the listener however that
+/// ends (the harness stops, the build fails after the bind, the task is
+/// aborted) and never outlives it to be mistaken for a live server.
+pub(crate) struct UnixSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl UnixSocket {
+    /// Bind `path`; a stale socket file of an earlier run is replaced
+    /// ([`remove_stale_socket`]).
+    pub(crate) fn bind(path: &Path) -> std::io::Result<UnixSocket> {
+        remove_stale_socket(path)?;
+        Ok(UnixSocket {
+            listener: UnixListener::bind(path)?,
+            path: path.to_owned(),
+        })
+    }
+}
+
+impl Drop for UnixSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Accept for UnixSocket {
     type Io = tokio::net::UnixStream;
     async fn accept(&self) -> std::io::Result<Self::Io> {
-        UnixListener::accept(self).await.map(|(s, _)| s)
+        self.listener.accept().await.map(|(s, _)| s)
     }
 }
 
 /// Serve `router` on `listener` until `stop`, then let the open
-/// connections finish (graceful: no new request on them).
+/// connections finish (graceful: no new request on them). The listener is
+/// closed before that drain: a client arriving meanwhile is refused at
+/// once rather than left in the backlog, and a Unix socket's file is gone.
 pub(crate) async fn serve<L: Accept>(
     listener: L,
     router: Router,
@@ -251,6 +280,7 @@ pub(crate) async fn serve<L: Accept>(
             stop.clone(),
         ))));
     }
+    drop(listener);
     tasks.close();
     tasks.wait().await;
 }
@@ -260,12 +290,11 @@ pub(crate) async fn serve<L: Accept>(
 /// bind. Connecting needs write permission on the file, so under the
 /// usual umask (022) nobody else could connect in between either; the
 /// API token is required over it all the same.
-pub(crate) fn bind_api_unix(path: &Path) -> std::io::Result<UnixListener> {
+pub(crate) fn bind_api_unix(path: &Path) -> std::io::Result<UnixSocket> {
     use std::os::unix::fs::PermissionsExt;
-    remove_stale_socket(path)?;
-    let listener = UnixListener::bind(path)?;
+    let socket = UnixSocket::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+    Ok(socket)
 }
 
 /// Remove a socket file left by an earlier run. A socket someone still
@@ -356,9 +385,7 @@ async fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 
 /// Bind `path` and accept executors on it until the harness shuts down.
 pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandle<()>> {
-    remove_stale_socket(path)?;
-    let listener = UnixListener::bind(path)?;
-    let path = path.to_owned();
+    let listener = UnixSocket::bind(path)?;
     Ok(tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -366,7 +393,7 @@ pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandl
                 _ = shared.shutdown.cancelled() => break,
             };
             let stream = match accepted {
-                Ok((s, _)) => s,
+                Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "unix accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -375,7 +402,6 @@ pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandl
             };
             tokio::spawn(serve_stream(shared.clone(), Box::new(stream), "unix"));
         }
-        let _ = std::fs::remove_file(&path);
     }))
 }
 
