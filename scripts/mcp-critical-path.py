@@ -77,31 +77,32 @@ def segment(runs, task, t):
 
 
 def calls(wakes, pattern):
-    """The row's calls: for each wake-up of the second link (one per call,
-    the first hop away from the client), the last wake-up of the first
-    link before it and the first of each later link after it. Wake-ups
-    between the same pairs that are not on the chain (the client's read
-    waking the worker with a spurious EPOLLOUT, say) are skipped.
-    Consecutive calls closer than GAP apart form a row; the longest
-    rows are returned, in time order."""
+    """The row's calls, one per wake-up of the second link (the first hop
+    away from the client): the last wake-up of the first link since the
+    previous call's last link, and the first of each later link after it
+    and before the next call's. Wake-ups between the same pairs that are
+    not on the chain (the client's read waking the worker with a spurious
+    EPOLLOUT, say) are skipped. A link with no wake-up in its place (the
+    woken thread was still awake) is None. Consecutive calls closer than
+    GAP apart form a row; rows of at least 200 calls are returned, in
+    time order."""
     by_pair = {}
     for ev in wakes:
         by_pair.setdefault((ev[1], ev[2]), []).append(ev[0])
     anchors = by_pair.get(pattern[1], [])
-    out, row = [], []
-    for a in anchors:
-        first = [t for t in by_pair.get(pattern[0], []) if t < a]
-        if not first:
-            continue
-        chain, t = [first[-1], a], a
+    out, row, prev_end = [], [], float("-inf")
+    for i, a in enumerate(anchors):
+        bound = anchors[i + 1] if i + 1 < len(anchors) else float("inf")
+        first = [t for t in by_pair.get(pattern[0], []) if prev_end < t < a]
+        chain, t = [first[-1] if first else None, a], a
         for pair in pattern[2:]:
-            later = [x for x in by_pair.get(pair, []) if x > t]
-            if not later:
-                break
-            t = later[0]
-            chain.append(t)
-        if len(chain) != len(pattern):
-            continue
+            later = [x for x in by_pair.get(pair, []) if t < x < bound]
+            if later:
+                t = later[0]
+                chain.append(t)
+            else:
+                chain.append(None)
+        prev_end = max(x for x in chain if x is not None)
         if row and a - row[-1][1] > GAP:
             out.append(row)
             row = []
@@ -113,12 +114,20 @@ def calls(wakes, pattern):
 
 def split(row, pattern, runs):
     """Per call: for each link, (wake-up latency, work until the next
-    link's wake-up; the last link's runs to the next call's first)."""
+    link's wake-up; the last link's runs to the next call's first), for
+    the calls in which every link woke its thread; and, per link, how
+    many calls found that thread awake; and every call's period (from
+    its second link to the next call's, always a wake-up)."""
     # The middle 80 %: the row's first and last calls border other rows.
     row = row[len(row) // 10 : len(row) - len(row) // 10]
-    out = []
+    out, awake = [], [0] * len(pattern)
+    periods = [b[1] - a[1] for a, b in zip(row, row[1:])]
     for k, call in enumerate(row[:-1]):
+        for j, t in enumerate(call):
+            awake[j] += t is None
         ends = call[1:] + [row[k + 1][0]]
+        if None in call or None in ends:
+            continue
         link = []
         for t, t_next, (_, whom) in zip(call, ends, pattern):
             seg = segment(runs, whom, t)
@@ -128,11 +137,16 @@ def split(row, pattern, runs):
             link.append((start - t, t_next - start))
         if len(link) == len(pattern) and all(b >= 0 for _, b in link):
             out.append(link)
-    return out
+    return out, awake, periods
 
 
-def report(name, pattern, rows):
-    print(f"{name}: {len(rows)} calls, median µs")
+def report(name, pattern, split_rows):
+    rows, awake, periods = split_rows
+    print(f"{name}: {len(periods)} calls, call period median {statistics.median(periods):.1f} µs")
+    for (waker, wakee), n in zip(pattern, awake):
+        if n:
+            print(f"  {waker} -> {wakee} found {wakee} awake in {n} calls ({100 * n / len(periods):.1f} %)")
+    print(f"  the {len(rows)} calls in which every hand-off woke its thread, median µs:")
     total = 0.0
     for j, (waker, wakee) in enumerate(pattern):
         wake = statistics.median(r[j][0] for r in rows)

@@ -64,7 +64,8 @@ pub enum Owner {
     /// One MCP server actor, by `sessionId` + `serverKey`; on the harness,
     /// the MCP channel of that session and server.
     Mcp,
-    /// One turn actor, by `sessionId` + `turnId` (not built yet).
+    /// A session's agent turn, by `sessionId`: the session actor holds
+    /// its one turn at a time and hands the request to the turn actor.
     Turn,
     /// The executor's terminals supervisor, by `terminalId`.
     Terminal,

@@ -31,7 +31,8 @@ async fn first_frame_is_register_with_info_and_real_capabilities() {
     let terminal = p.capabilities.terminal.expect("terminal capability");
     assert!(terminal.enabled && terminal.kinds == ["pty"]);
     assert_eq!(terminal.max_sessions, Some(32));
-    // What it runs, and only that: MCP servers yes, agent turns not yet.
+    // What it runs, and only that: MCP servers yes; agent turns only with
+    // an agent configured (`--agent`), and this executor has none.
     let mcp = p.capabilities.mcp.expect("mcp advertised");
     assert!(mcp.stdio && mcp.http && mcp.secret_env);
     assert!(p.capabilities.agent.is_none());
