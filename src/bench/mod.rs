@@ -68,16 +68,28 @@ pub fn context_switches() -> Option<u64> {
         let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
             continue; // a thread that ended meanwhile
         };
-        total += status
-            .lines()
-            .filter(|l| {
-                l.starts_with("voluntary_ctxt_switches")
-                    || l.starts_with("nonvoluntary_ctxt_switches")
-            })
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
+        total += switches(&status, "voluntary_ctxt_switches")
+            + switches(&status, "nonvoluntary_ctxt_switches");
     }
     Some(total)
+}
+
+/// How often the main thread of process `pid` went to sleep (its
+/// voluntary context switches): a server that handles one call at a time
+/// sleeps once per call when its client's next request comes after it
+/// is idle, and not at all when the request is already there.
+pub fn sleeps(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(switches(&status, "voluntary_ctxt_switches"))
+}
+
+/// The `key:` count of a `/proc/.../status` text (0 when missing).
+fn switches(status: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .sum()
 }
 
 /// The pids of this process's children (of every thread's).
@@ -119,6 +131,42 @@ mod tests {
         assert_eq!(cpu_ticks(stat), Some(42));
         assert_eq!(cpu_ticks("4242 (short) S 1 2"), None);
         assert_eq!(cpu_ticks("no parenthesis"), None);
+    }
+
+    #[test]
+    fn switches_reads_the_line_of_its_key_only() {
+        let status = "Name:\tnode\nvoluntary_ctxt_switches:\t17\nnonvoluntary_ctxt_switches:\t4\n";
+        assert_eq!(switches(status, "voluntary_ctxt_switches"), 17);
+        assert_eq!(switches(status, "nonvoluntary_ctxt_switches"), 4);
+        assert_eq!(switches("Name:\tx\n", "voluntary_ctxt_switches"), 0);
+    }
+
+    #[test]
+    fn a_server_waiting_for_each_request_sleeps_once_per_call() {
+        use std::io::{BufRead, BufReader, Write};
+        let mut cat = std::process::Command::new("cat")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = cat.id().to_string();
+        let mut input = cat.stdin.take().unwrap();
+        let mut output = BufReader::new(cat.stdout.take().unwrap());
+        let before = sleeps(&pid).unwrap();
+        // Each request is written well after the previous answer came
+        // back, so cat is blocked in read(2) when it arrives.
+        for call in 0..5 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            writeln!(input, "call {call}").unwrap();
+            let mut line = String::new();
+            output.read_line(&mut line).unwrap();
+            assert_eq!(line, format!("call {call}\n"));
+        }
+        let after = sleeps(&pid).unwrap();
+        drop(input);
+        cat.wait().unwrap();
+        assert!(after >= before + 5, "{before} -> {after}");
+        assert_eq!(sleeps("0"), None, "no such process");
     }
 
     #[test]
