@@ -700,20 +700,22 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
         let server_pid = direct.child.id().unwrap_or(0);
         let server = server_pid.to_string();
         let server_cpu = || super::cpu_ms(&server).unwrap_or(0.0);
-        let proxied_server_cpu = || {
+        // The executor's servers: this process's other children.
+        let proxied_servers = || {
             super::children_of_self()
                 .into_iter()
                 .filter(|&p| p != server_pid)
-                .filter_map(|p| super::cpu_ms(&p.to_string()))
-                .sum::<f64>()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+        };
+        let proxied_server_cpu = || {
+            let pids = proxied_servers();
+            pids.iter().filter_map(|p| super::cpu_ms(p)).sum::<f64>()
         };
         let server_sleeps = || super::sleeps(&server).unwrap_or(0);
         let proxied_server_sleeps = || {
-            super::children_of_self()
-                .into_iter()
-                .filter(|&p| p != server_pid)
-                .filter_map(|p| super::sleeps(&p.to_string()))
-                .sum::<u64>()
+            let pids = proxied_servers();
+            pids.iter().filter_map(|p| super::sleeps(p)).sum::<u64>()
         };
         let csw = || super::context_switches().unwrap_or(0);
         let w0 = csw();
