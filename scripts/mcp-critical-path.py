@@ -18,9 +18,13 @@ call is the chain
 (the direct row: client --> node --> client) and each link splits into
 the wake-up latency (woken until running, what an idle virtual CPU's halt
 costs) and the work until the next wake-up in the chain. The script
-prints the median of each over the row's calls.
+prints the median of each over the calls in which every link woke its
+thread, how many calls found a thread already awake, and the median
+period of all calls. It reads the last rows of the record as the
+one-in-flight rows: record a run with `--in-flight 1` only.
 """
 
+import bisect
 import re
 import statistics
 import sys
@@ -48,8 +52,8 @@ def kind(task):
 
 
 def parse(path):
-    """Wake events (t, waker, wakee) and, per task, run segments
-    (start, end, scheduling delay), all in µs."""
+    """Wake events (t, waker, wakee) and, per task, run segments (start,
+    end, CPU) in time order; times in µs."""
     wakes, runs = [], {}
     with open(path) as f:
         for line in f:
@@ -63,17 +67,22 @@ def parse(path):
                 if who and whom and who != whom:
                     wakes.append((t, who, whom))
             elif who:
-                delay, run = float(m.group(6)) * 1e3, float(m.group(7)) * 1e3
-                runs.setdefault(who, []).append((t - run, t, delay))
+                run = float(m.group(7)) * 1e3
+                runs.setdefault(who, []).append((t - run, t, m.group(2)))
     return wakes, runs
 
 
 def segment(runs, task, t):
-    """The run of `task` in progress at `t`, or the first to start after."""
-    for start, end, delay in runs.get(task, []):
-        if end >= t:
-            return start, end, delay
-    return None
+    """The run of `task` in progress at `t`, or the first to start after:
+    the first to end at or after `t` (a task's runs end in time order)."""
+    segs = runs.get(task, [])
+    i = bisect.bisect_left(segs, t, key=lambda seg: seg[1])
+    return segs[i] if i < len(segs) else None
+
+
+def between(times, lo, hi):
+    """The sorted `times` strictly between `lo` and `hi`."""
+    return times[bisect.bisect_right(times, lo) : bisect.bisect_left(times, hi)]
 
 
 def calls(wakes, pattern):
@@ -87,16 +96,16 @@ def calls(wakes, pattern):
     GAP apart form a row; rows of at least 200 calls are returned, in
     time order."""
     by_pair = {}
-    for ev in wakes:
-        by_pair.setdefault((ev[1], ev[2]), []).append(ev[0])
+    for t, who, whom in wakes:
+        by_pair.setdefault((who, whom), []).append(t)
     anchors = by_pair.get(pattern[1], [])
     out, row, prev_end = [], [], float("-inf")
     for i, a in enumerate(anchors):
         bound = anchors[i + 1] if i + 1 < len(anchors) else float("inf")
-        first = [t for t in by_pair.get(pattern[0], []) if prev_end < t < a]
+        first = between(by_pair.get(pattern[0], []), prev_end, a)
         chain, t = [first[-1] if first else None, a], a
         for pair in pattern[2:]:
-            later = [x for x in by_pair.get(pair, []) if t < x < bound]
+            later = between(by_pair.get(pair, []), t, bound)
             if later:
                 t = later[0]
                 chain.append(t)
@@ -114,7 +123,8 @@ def calls(wakes, pattern):
 
 def split(row, pattern, runs):
     """Per call: for each link, (wake-up latency, work until the next
-    link's wake-up; the last link's runs to the next call's first), for
+    link's wake-up; the last link's runs to the next call's first,
+    whether the woken thread ran on another CPU than its waker's), for
     the calls in which every link woke its thread; and, per link, how
     many calls found that thread awake; and every call's period (from
     its second link to the next call's, always a wake-up)."""
@@ -129,13 +139,13 @@ def split(row, pattern, runs):
         if None in call or None in ends:
             continue
         link = []
-        for t, t_next, (_, whom) in zip(call, ends, pattern):
-            seg = segment(runs, whom, t)
-            if seg is None:
+        for t, t_next, (who, whom) in zip(call, ends, pattern):
+            seg, waker = segment(runs, whom, t), segment(runs, who, t)
+            if seg is None or waker is None:
                 break
             start = max(seg[0], t)
-            link.append((start - t, t_next - start))
-        if len(link) == len(pattern) and all(b >= 0 for _, b in link):
+            link.append((start - t, t_next - start, seg[2] != waker[2]))
+        if len(link) == len(pattern) and all(b >= 0 for _, b, _ in link):
             out.append(link)
     return out, awake, periods
 
@@ -151,9 +161,13 @@ def report(name, pattern, split_rows):
     for j, (waker, wakee) in enumerate(pattern):
         wake = statistics.median(r[j][0] for r in rows)
         work = statistics.median(r[j][1] for r in rows)
+        moved = 100 * sum(r[j][2] for r in rows) / len(rows)
         total += wake + work
-        print(f"  {waker:>10} -> {wakee:<10} wake-up {wake:6.1f}  then {wakee} works {work:6.1f}")
-    period = statistics.median(sum(a + b for a, b in r) for r in rows)
+        print(
+            f"  {waker:>10} -> {wakee:<10} wake-up {wake:6.1f} (on the other CPU in {moved:3.0f} %)"
+            f"  then {wakee} works {work:6.1f}"
+        )
+    period = statistics.median(sum(a + b for a, b, _ in r) for r in rows)
     print(f"  call period {period:.1f} (sum of medians {total:.1f})")
 
 
@@ -172,7 +186,7 @@ def direct(wakes, runs, node):
             row = []
         row.append(t)
     rows.append(row)
-    # The last row of serial calls: the one-in-flight row.
+    # The last row: the one-in-flight row of a `--in-flight 1` record.
     row = [r for r in rows if len(r) >= 200][-1]
     row = row[len(row) // 10 : len(row) - len(row) // 10]
     periods, wake, work, slept = [], [], [], 0
@@ -184,7 +198,7 @@ def direct(wakes, runs, node):
         periods.append(b - a)
         wake.append(start - a)
         work.append(seg[1] - start)
-        slept += any(a < t < b for t in requests)
+        slept += bool(between(requests, a, b))
     print(f"direct: {len(periods)} calls, median µs")
     print(f"  {node} -> client wake-up {statistics.median(wake):6.1f}  then client works {statistics.median(work):6.1f}")
     print(f"  call period {statistics.median(periods):.1f}; node slept (was woken by the request) in {100 * slept / len(periods):.0f} % of calls")
@@ -199,8 +213,8 @@ def main():
     for node in sorted(nodes):
         pattern = [("client", "worker"), ("worker", node), (node, "worker"), ("worker", "client")]
         rows = calls(wakes, pattern)
-        # Warm-up (32 in flight: not a chain), then the TCP and the Unix
-        # socket rows of each in-flight value; only one in flight chains.
+        # The warm-up's rows first, then the TCP and the Unix socket rows
+        # of the one in-flight value a `--in-flight 1` record has.
         for name, row in zip(["proxied (TCP)", "proxied (Unix socket)"], rows[-2:]):
             report(name, pattern, split(row, pattern, runs))
 

@@ -177,7 +177,7 @@ impl McpReport {
         {
             s.push_str(&format!(
                 "note: at one in flight most direct calls found the server awake (under {FAST_BASELINE_SLEEPS} sleeps a call): \
-                 client and server shared a CPU and woke no idle one, so the direct p50 is the baseline's fast mode \
+                 the direct p50 is the baseline's fast mode, in which calls hardly wake an idle CPU \
                  (docs/benchmarks.md, \"Where one call's time goes at one in flight\")\n"
             ));
         }

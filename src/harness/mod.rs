@@ -391,9 +391,7 @@ impl HarnessBuilder {
         let stop = shared.shutdown.clone();
         let gate = listener::Gate::new(shared.config.connections.max_unauthenticated);
         let api_unix = api_unix.map(|l| {
-            if let Some(path) = &shared.config.api_unix {
-                tracing::info!(path = %path.display(), "harness API on a Unix socket");
-            }
+            tracing::info!(path = %l.path().display(), "harness API on a Unix socket");
             let limits = shared.config.connections;
             tokio::spawn(listener::serve(
                 l,

@@ -217,6 +217,11 @@ pub(crate) struct UnixSocket {
 }
 
 impl UnixSocket {
+    /// The socket file's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Bind `path`; a stale socket file of an earlier run is replaced
     /// ([`remove_stale_socket`]).
     pub(crate) fn bind(path: &Path) -> std::io::Result<UnixSocket> {
