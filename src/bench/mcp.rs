@@ -100,9 +100,10 @@ pub struct Row {
     /// Times per call the server's main thread went to sleep (node's
     /// voluntary context switches): about 1 when each request found it
     /// asleep, about 0 when the request was already there as it finished
-    /// the last reply. A direct call is fast when its server and client
-    /// share a CPU and the server does not sleep (docs/benchmarks.md,
-    /// "Where one call's time goes at one in flight").
+    /// the last reply. The direct baseline is in its fast mode when the
+    /// server hardly sleeps (docs/benchmarks.md, "Where one call's time
+    /// goes at one in flight"); which CPUs client and server ran on did
+    /// not tell the modes apart ("HTTP/2 tried, and everything on one CPU").
     pub direct_server_sleeps: f64,
     pub proxied_server_sleeps: f64,
     /// proxied p50 / direct p50 (the issue's target: at most 3, "adds at
