@@ -27,7 +27,7 @@ use super::App;
 use crate::harness::error::ApiError;
 use crate::harness::types::SessionState;
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{header, Method};
@@ -74,7 +74,7 @@ enum Owner {
 
 /// The middleware: forward when another live replica holds the call's
 /// session or executor; else serve it here.
-pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) -> Response {
+pub(crate) async fn forward(app: &App, req: Request, next: Next) -> Response {
     let shared = &app.shared;
     let Some(replica) = shared.replica.get() else {
         return next.run(req).await;
@@ -159,7 +159,7 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     let (to, url) = match found {
         Ok(Ok(Some(o))) => o,
         Ok(Ok(None)) => match from_db {
-            Some(id) => return stored_session(&app, req, next, id).await,
+            Some(id) => return stored_session(app, req, next, id).await,
             None => return next.run(req).await,
         },
         Ok(Err(e)) => {
@@ -170,11 +170,11 @@ pub(crate) async fn forward(State(app): State<App>, req: Request, next: Next) ->
     };
     let span = tracing::debug_span!("forward", to = %to, %path);
     if ws {
-        return super::forward_ws::forward(&app, req, &to, &url)
+        return super::forward_ws::forward(app, req, &to, &url)
             .instrument(span)
             .await;
     }
-    match send(&app, req, &url).instrument(span).await {
+    match send(app, req, &url).instrument(span).await {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "forwarding to the owning replica failed");

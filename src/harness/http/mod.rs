@@ -187,18 +187,13 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             &format!("{}/{{ticket}}", crate::harness::api::artifacts::UPLOAD_PATH),
             post(artifacts::begin).patch(artifacts::chunk),
         )
-        // Inside the path id check (the later layer is the outer), before
-        // any handler: a call another replica holds goes there, after
-        // authentication here.
-        .route_layer(middleware::from_fn_with_state(
-            app.clone(),
-            forward::forward,
-        ))
-        .route_layer(middleware::from_fn(check_path_ids))
+        // One layer per stage, not one per concern: each axum `from_fn`
+        // layer clones and boxes the service under it on every request,
+        // a few µs a call on the MCP relay's path (docs/benchmarks.md,
+        // "One middleware per stage").
+        .route_layer(middleware::from_fn_with_state(app.clone(), matched))
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(app.clone(), api_auth))
-        .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(trace_request))
+        .layer(middleware::from_fn_with_state(app.clone(), front))
         .with_state(app)
 }
 
@@ -216,9 +211,39 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_response()
 }
 
+/// Every request, routed or not, in this order: its span
+/// ([`request_span`]), authentication ([`api_auth`]), and JSON for the
+/// errors axum answers itself ([`json_errors`]); the response echoes the
+/// request id.
+async fn front(State(app): State<App>, req: Request, next: Next) -> Response {
+    let (id, span) = request_span(&req);
+    let mut resp = async move { json_errors(api_auth(&app, req, next).await) }
+        .instrument(span)
+        .await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// A request that matched a route, before its handler: the ids in its
+/// path ([`check_path_ids`]), then [`forward::forward`], so a call
+/// another replica holds goes there, after authentication here.
+async fn matched(
+    State(app): State<App>,
+    params: RawPathParams,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Err(refused) = check_path_ids(&params) {
+        return refused;
+    }
+    forward::forward(&app, req, next).await
+}
+
 /// A span per HTTP request, named by `x-request-id` (taken from the
 /// request or minted), which the response echoes.
-async fn trace_request(req: Request, next: Next) -> Response {
+fn request_span(req: &Request) -> (String, tracing::Span) {
     let id = req
         .headers()
         .get("x-request-id")
@@ -241,18 +266,13 @@ async fn trace_request(req: Request, next: Next) -> Response {
         None => path.to_owned(),
     };
     let span = tracing::info_span!("http", request_id = %id, method = %req.method(), path = %path);
-    let mut resp = next.run(req).instrument(span).await;
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        resp.headers_mut().insert("x-request-id", v);
-    }
-    resp
+    (id, span)
 }
 
 /// Every error answers `{"error": {code, message, data}}`: the ones axum
 /// makes itself (413 past the body limit, 405, a bad `Content-Length`)
 /// come as plain text, and are rewritten here with the status kept.
-async fn json_errors(req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
+fn json_errors(resp: Response) -> Response {
     let status = resp.status();
     let is_json = resp
         .headers()
@@ -293,15 +313,15 @@ pub(crate) const PATH_IDS: [(&str, &str); 5] = [
 /// Every id in a matched route's path obeys the id rule
 /// ([`crate::wire::id`]) before any handler sees it (400, -32602,
 /// `invalid_id`): ids reach logs, the store and the executor.
-async fn check_path_ids(params: RawPathParams, req: Request, next: Next) -> Response {
+fn check_path_ids(params: &RawPathParams) -> Result<(), Response> {
     for (name, value) in params.iter() {
         if let Some((_, field)) = PATH_IDS.iter().find(|(n, _)| *n == name) {
             if let Err(e) = crate::wire::id::check(field, value) {
-                return ApiError::invalid_id(e).into_response();
+                return Err(ApiError::invalid_id(e).into_response());
             }
         }
     }
-    next.run(req).await
+    Ok(())
 }
 
 /// Constant-time comparison of two secrets (API token, relay ticket).
@@ -324,7 +344,7 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 /// A request that passes with a credential (or any request, when no API
 /// token is configured) takes its connection off the unauthenticated list of
 /// the listener's [`Gate`](listener::Gate).
-async fn api_auth(State(app): State<App>, req: Request, next: Next) -> Response {
+async fn api_auth(app: &App, req: Request, next: Next) -> Response {
     let pass = req.extensions().get::<listener::ConnPass>().cloned();
     let path = req.uri().path();
     let own_credential = path == CONNECT_PATH
