@@ -72,8 +72,9 @@ enum Owner {
     Executor(String),
 }
 
-/// The middleware: forward when another live replica holds the call's
-/// session or executor; else serve it here.
+/// Forward when another live replica holds the call's session or
+/// executor; else serve it here (`next`). Run by the router's stage for
+/// matched routes, after the path ids are checked.
 pub(crate) async fn forward(app: &App, req: Request, next: Next) -> Response {
     let shared = &app.shared;
     let Some(replica) = shared.replica.get() else {
