@@ -49,9 +49,10 @@ pub struct McpOptions {
 const WARMUP_IN_FLIGHT: usize = 32;
 
 /// Below this many sleeps of the direct server per call at one in flight,
-/// most calls found the server awake and the baseline's p50 is its fast
-/// mode's: the table says so. Measured: a direct p50 of 49-54 us with
-/// 0.00-0.36 sleeps a call, 96-100 us with 0.69-0.91 (docs/benchmarks.md).
+/// most calls found the server awake and the baseline's p50 is most
+/// likely its fast mode's: the table says so. Measured on the first VM: a direct p50 of
+/// 49-54 us with 0.00-0.36 sleeps a call, 96-100 us with 0.69-0.91; on a
+/// second, 56-71 us under it in 14 runs of 15 (docs/benchmarks.md).
 const FAST_BASELINE_SLEEPS: f64 = 0.5;
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -178,7 +179,7 @@ impl McpReport {
         {
             s.push_str(&format!(
                 "note: at one in flight most direct calls found the server awake (under {FAST_BASELINE_SLEEPS} sleeps a call): \
-                 the direct p50 is the baseline's fast mode, in which calls hardly wake an idle CPU \
+                 the direct p50 is most likely the baseline's fast mode, in which calls hardly wake an idle CPU \
                  (docs/benchmarks.md, \"Where one call's time goes at one in flight\")\n"
             ));
         }
