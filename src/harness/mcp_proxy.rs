@@ -21,8 +21,10 @@
 //! ends; plain numbers in tests). Every call returns what the caller must
 //! do ([`Out`]); the proxy reads no clock and does no I/O.
 
+use crate::mcp::raw::{push_json_str, write_object, Members, RawObject};
 use crate::wire::{ErrorCode, RpcError};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// The prefix of the ids the harness puts on requests it forwards.
@@ -66,13 +68,10 @@ pub enum ClientMessage {
     Request {
         id: Value,
         method: String,
-        body: Map<String, Value>,
+        body: RawObject,
     },
     /// Has a method and no id.
-    Notification {
-        method: String,
-        body: Map<String, Value>,
-    },
+    Notification { method: String, body: RawObject },
     /// A response (to a server → client request; the executor answers
     /// those itself, so the harness drops these).
     Response { id: Value },
@@ -141,44 +140,57 @@ fn valid_id(id: &Value) -> bool {
 /// array, or are not a JSON-RPC 2.0 request, notification or response
 /// (-32600). MCP ids must be strings or integers.
 pub fn parse_client(bytes: &[u8]) -> Result<ClientMessage, ClientParseError> {
-    let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| ClientParseError::Parse(e.to_string()))?;
-    let mut body = match value {
-        Value::Object(m) => m,
-        Value::Array(_) => return Err(ClientParseError::Batch),
-        _ => {
-            return Err(ClientParseError::Invalid {
-                id: Value::Null,
-                detail: "a message is a JSON object".into(),
-            })
+    let parse = |e: &dyn std::fmt::Display| ClientParseError::Parse(e.to_string());
+    let text = std::str::from_utf8(bytes).map_err(|e| parse(&e))?;
+    let first = text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .as_bytes()
+        .first()
+        .copied();
+    if first != Some(b'{') {
+        // Not an object: malformed, a batch, or another JSON value.
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| parse(&e))?;
+        if first == Some(b'[') {
+            return Err(ClientParseError::Batch);
         }
-    };
-    let id = body.get("id").cloned();
+        return Err(ClientParseError::Invalid {
+            id: Value::Null,
+            detail: "a message is a JSON object".into(),
+        });
+    }
+    let mut body = RawObject::parse(text.to_owned()).map_err(|e| parse(&e))?;
+    // A member's text is JSON already checked: reading it cannot fail.
+    let id = body
+        .get("id")
+        .map(|t| serde_json::from_str::<Value>(t).unwrap_or(Value::Null));
     let usable_id = id.clone().filter(valid_id).unwrap_or(Value::Null);
     let invalid = |detail: &str| ClientParseError::Invalid {
         id: usable_id.clone(),
         detail: detail.to_owned(),
     };
-    if body.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+    if str_member(&body, "jsonrpc").as_deref() != Some("2.0") {
         return Err(invalid("\"jsonrpc\" must be \"2.0\""));
     }
     // A JSON-RPC error is an object; refused here whatever else the
     // message holds, so nothing downstream sees `"error": false`.
-    if body.get("error").is_some_and(|e| !e.is_object()) {
+    if body.get("error").is_some_and(|e| !e.starts_with('{')) {
         return Err(invalid("error must be an object"));
     }
     match body.get("method") {
-        Some(Value::String(m)) => {
-            if m.is_empty() || m.chars().count() > MAX_METHOD_CHARS {
+        Some(_) => {
+            let Some(method) = str_member(&body, "method") else {
+                return Err(invalid("the method must be a string"));
+            };
+            if method.is_empty() || method.chars().count() > MAX_METHOD_CHARS {
                 return Err(invalid("the method must be 1 to 256 characters"));
             }
             if body
                 .get("params")
-                .is_some_and(|p| !p.is_object() && !p.is_array())
+                .is_some_and(|p| !p.starts_with('{') && !p.starts_with('['))
             {
                 return Err(invalid("params must be an object or an array"));
             }
-            let method = m.clone();
+            let method = method.into_owned();
             match id {
                 None => Ok(ClientMessage::Notification { method, body }),
                 Some(id) if valid_id(&id) => Ok(ClientMessage::Request { id, method, body }),
@@ -187,7 +199,6 @@ pub fn parse_client(bytes: &[u8]) -> Result<ClientMessage, ClientParseError> {
                 )),
             }
         }
-        Some(_) => Err(invalid("the method must be a string")),
         None => {
             let answered = body.contains_key("result") || body.contains_key("error");
             match id {
@@ -201,6 +212,34 @@ pub fn parse_client(bytes: &[u8]) -> Result<ClientMessage, ClientParseError> {
             }
         }
     }
+}
+
+/// Member `key` when it is a JSON string: borrowed when it has no escapes.
+fn str_member<'a>(body: &'a RawObject, key: &str) -> Option<Cow<'a, str>> {
+    str_text(body.get(key)?)
+}
+
+/// The string a JSON text holds, when it is a string.
+fn str_text(t: &str) -> Option<Cow<'_, str>> {
+    let inner = t.strip_prefix('"')?.strip_suffix('"')?;
+    if inner.contains('\\') {
+        serde_json::from_str::<String>(t).ok().map(Cow::Owned)
+    } else {
+        Some(Cow::Borrowed(inner))
+    }
+}
+
+/// The `params._meta.progressToken` of a request (any JSON value), when
+/// it asked for progress.
+pub fn progress_token(body: &RawObject) -> Option<Value> {
+    let params = body.get("params")?;
+    // Only params that spell the name out, or escape something (it could
+    // be spelt with escapes), can hold it: the rest are not parsed.
+    if !params.contains("progressToken") && !params.contains('\\') {
+        return None;
+    }
+    let params: Value = serde_json::from_str(params).ok()?;
+    params.get("_meta")?.get("progressToken").cloned()
 }
 
 /// A JSON-RPC error response as a string.
@@ -427,7 +466,7 @@ impl<P> McpProxy<P> {
         &mut self,
         client: &str,
         id: Value,
-        mut body: Map<String, Value>,
+        mut body: RawObject,
         port: P,
         now: u64,
     ) -> Result<String, (P, Refused)> {
@@ -442,13 +481,15 @@ impl<P> McpProxy<P> {
             return Err((port, Refused::DuplicateId));
         }
         let hid = self.mint();
-        body.insert("id".into(), Value::String(hid.clone()));
-        let token = body
-            .get_mut("params")
-            .and_then(|p| p.get_mut("_meta"))
-            .and_then(|m| m.get_mut("progressToken"))
-            .map(|t| std::mem::replace(t, Value::String(hid.clone())));
-        let payload = Value::Object(body).to_string();
+        body.set_str("id", &hid);
+        let token = progress_token(&body);
+        if token.is_some() {
+            if let Some(mut params) = body.value("params") {
+                params["_meta"]["progressToken"] = Value::String(hid.clone());
+                body.set_value("params", &params);
+            }
+        }
+        let payload = body.to_json();
         if let Some(c) = self.clients.get_mut(client) {
             c.in_flight += 1;
             c.last_seen = c.last_seen.max(now);
@@ -502,25 +543,27 @@ impl<P> McpProxy<P> {
         &mut self,
         client: &str,
         method: &str,
-        mut body: Map<String, Value>,
+        mut body: RawObject,
         now: u64,
     ) -> Option<String> {
         self.touch(client, now);
         if method == "notifications/cancelled" {
-            let original = body.get("params")?.get("requestId")?;
+            let mut params = body.value("params")?;
+            let original = params.get("requestId")?;
             let hid = self
                 .by_client
                 .get(&(client.to_owned(), canonical(original)))?
                 .clone();
-            if let Some(p) = body.get_mut("params").and_then(Value::as_object_mut) {
+            if let Some(p) = params.as_object_mut() {
                 p.insert("requestId".into(), Value::String(hid));
+                body.set_value("params", &params);
             }
         } else if method == "notifications/progress" {
             // Progress of a server → client request: the executor answers
             // those itself, so there is nothing it could refer to.
             return None;
         }
-        Some(Value::Object(body).to_string())
+        Some(body.to_json())
     }
 
     /// The port of a request in flight (for [`Out::Progress`]).
@@ -563,19 +606,26 @@ impl<P> McpProxy<P> {
 
     /// One message from the server (an `mcp.frame` payload).
     pub fn from_server(&mut self, payload: &str, now: u64) -> Vec<Out<P>> {
-        let Ok(Value::Object(mut msg)) = serde_json::from_str::<Value>(payload) else {
+        // Only the top level is read: the answer goes on as it came but
+        // for its id (docs/benchmarks.md, "Ids rewritten in place").
+        let Ok(msg) = Members::parse(payload) else {
             return vec![Out::Ignored {
                 why: "not a JSON-RPC object",
             }];
         };
-        if let Some(method) = msg.get("method").and_then(Value::as_str) {
-            if msg.contains_key("id") {
+        if let Some(method) = msg.get("method").and_then(str_text) {
+            if msg.get("id").is_some() {
                 return vec![Out::Ignored {
                     why: "a server request (the executor answers those)",
                 }];
             }
-            return match method {
-                "notifications/progress" => self.progress(msg),
+            return match method.as_ref() {
+                "notifications/progress" => match serde_json::from_str(payload) {
+                    Ok(Value::Object(msg)) => self.progress(msg),
+                    _ => vec![Out::Ignored {
+                        why: "not a JSON-RPC object",
+                    }],
+                },
                 "notifications/tools/list_changed" => vec![
                     Out::Broadcast {
                         message: payload.to_owned(),
@@ -590,7 +640,7 @@ impl<P> McpProxy<P> {
                 }],
             };
         }
-        let Some(hid) = msg.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        let Some(hid) = msg.get("id").and_then(str_text) else {
             return vec![Out::Ignored {
                 why: "a response without a harness id",
             }];
@@ -608,16 +658,23 @@ impl<P> McpProxy<P> {
                 ..
             } => {
                 self.touch(&client, now);
-                msg.insert("id".into(), original);
-                vec![Out::Answer {
-                    port,
-                    message: Value::Object(msg).to_string(),
-                }]
+                let mut message = String::with_capacity(payload.len() + 16);
+                let id = match &original {
+                    Value::String(s) => {
+                        let mut t = String::with_capacity(s.len() + 2);
+                        push_json_str(&mut t, s);
+                        t
+                    }
+                    other => other.to_string(),
+                };
+                write_object(&msg, &[("id", &id)], &mut message);
+                vec![Out::Answer { port, message }]
             }
             Origin::Internal { method } => {
-                let result = match (msg.remove("result"), msg.remove("error")) {
-                    (Some(r), _) => Ok(r),
-                    (None, Some(e)) => Err(e),
+                let parse = |t: &str| serde_json::from_str(t).unwrap_or(Value::Null);
+                let result = match (msg.get("result"), msg.get("error")) {
+                    (Some(r), _) => Ok(parse(r)),
+                    (None, Some(e)) => Err(parse(e)),
                     (None, None) => Err(Value::Null),
                 };
                 vec![Out::Internal { method, result }]
@@ -764,14 +821,11 @@ mod tests {
     use serde_json::json;
     use std::collections::{BTreeMap, BTreeSet};
 
-    fn body(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => panic!("object"),
-        }
+    fn body(v: Value) -> RawObject {
+        RawObject::parse(v.to_string()).unwrap()
     }
 
-    fn req(id: Value, method: &str) -> Map<String, Value> {
+    fn req(id: Value, method: &str) -> RawObject {
         body(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": {}}))
     }
 
@@ -874,6 +928,45 @@ mod tests {
     }
 
     #[test]
+    fn messages_go_on_as_they_came_but_for_the_id() {
+        let mut p = proxy();
+        p.add_client("a", 0).unwrap();
+        // Escapes and number spellings are kept; only the id changes.
+        let raw = br#"{"jsonrpc":"2\u002e0","id":9,"method":"tools/call","params":{"n":1E9,"s":"\u00e9"}}"#;
+        let Ok(ClientMessage::Request { id, method, body }) = parse_client(raw) else {
+            panic!("a request");
+        };
+        assert_eq!((&id, method.as_str()), (&json!(9), "tools/call"));
+        let sent = p.request("a", id, body, 1, 0).unwrap();
+        let hid = sent_id(&sent);
+        assert_eq!(
+            sent,
+            format!(
+                r#"{{"jsonrpc":"2\u002e0","id":"{hid}","method":"tools/call","params":{{"n":1E9,"s":"\u00e9"}}}}"#
+            )
+        );
+        let answer = format!(r#"{{"result":{{"n":1E9,"t":"a\"b"}},"jsonrpc":"2.0","id":"{hid}"}}"#);
+        match &p.from_server(&answer, 1)[0] {
+            Out::Answer { port, message } => {
+                assert_eq!(*port, 1);
+                assert_eq!(
+                    message,
+                    r#"{"result":{"n":1E9,"t":"a\"b"},"jsonrpc":"2.0","id":9}"#
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A progress token spelt with an escape is still found and rewritten.
+        let raw = br#"{"jsonrpc":"2.0","id":"q","method":"m","params":{"_meta":{"progress\u0054oken":5}}}"#;
+        let Ok(ClientMessage::Request { id, body, .. }) = parse_client(raw) else {
+            panic!("a request");
+        };
+        assert_eq!(progress_token(&body), Some(json!(5)));
+        let sent: Value = serde_json::from_str(&p.request("a", id, body, 2, 0).unwrap()).unwrap();
+        assert_eq!(sent["params"]["_meta"]["progressToken"], sent["id"]);
+    }
+
+    #[test]
     fn duplicate_ids_of_one_client_are_refused_and_limits_hold() {
         let mut p = proxy();
         p.add_client("a", 0).unwrap();
@@ -904,7 +997,10 @@ mod tests {
         let mut p = proxy();
         p.add_client("a", 0).unwrap();
         let mut b = req(json!(5), "tools/call");
-        b["params"] = json!({"name": "x", "_meta": {"progressToken": 77}});
+        b.set_value(
+            "params",
+            &json!({"name": "x", "_meta": {"progressToken": 77}}),
+        );
         let payload = p.request("a", json!(5), b, 1, 0).unwrap();
         let v: Value = serde_json::from_str(&payload).unwrap();
         let hid = v["id"].as_str().unwrap().to_owned();
@@ -1107,7 +1203,7 @@ mod tests {
                     Op::Request(c, i, numeric) => {
                         let id = if numeric { json!(i) } else { json!(i.to_string()) };
                         let mut b = req(id.clone(), "tools/call");
-                        b["params"] = json!({"_meta": {"progressToken": i}});
+                        b.set_value("params", &json!({"_meta": {"progressToken": i}}));
                         let port = next_port;
                         next_port += 1;
                         match p.request(&format!("c{c}"), id.clone(), b, port, now) {

@@ -18,6 +18,7 @@
 pub mod http;
 pub mod message;
 pub mod peer;
+pub mod raw;
 pub mod relay;
 pub mod sse;
 

@@ -34,6 +34,7 @@ use crate::harness::mcp_proxy::{
 use crate::harness::runtime::Shared;
 use crate::harness::types::SessionState;
 use crate::lease::ConnId;
+use crate::mcp::raw::RawObject;
 use crate::supervisor::ChildSpec;
 use crate::wire::types::{
     now_rfc3339, McpCloseParams, McpFrameParams, McpOpenParams, McpOpenResult, McpServerState,
@@ -41,7 +42,7 @@ use crate::wire::types::{
 };
 use crate::wire::{CallError, ErrorCode, Link, Method, RpcError};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,7 +111,7 @@ pub enum McpMsg {
         client: Option<String>,
         id: Value,
         method: String,
-        body: Map<String, Value>,
+        body: RawObject,
         port: Port,
         accepted: oneshot::Sender<Result<Option<String>, EndpointError>>,
     },
@@ -118,7 +119,7 @@ pub enum McpMsg {
     Notify {
         client: String,
         method: String,
-        body: Map<String, Value>,
+        body: RawObject,
         accepted: oneshot::Sender<Result<(), EndpointError>>,
     },
     /// A client response (the executor answers server requests itself, so
@@ -477,7 +478,7 @@ impl McpState {
         client: Option<String>,
         id: Value,
         method: String,
-        body: Map<String, Value>,
+        body: RawObject,
         port: Port,
         accepted: oneshot::Sender<Result<Option<String>, EndpointError>>,
     ) {

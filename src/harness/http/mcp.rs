@@ -23,7 +23,9 @@ use super::App;
 use crate::harness::actors::mcp::{ensure_channel, EndpointError, McpMsg, Port, PROGRESS_QUEUE};
 use crate::harness::api::mcp::list as list_servers;
 use crate::harness::error::ApiError;
-use crate::harness::mcp_proxy::{error_response, parse_client, timeout_error, ClientMessage};
+use crate::harness::mcp_proxy::{
+    error_response, parse_client, progress_token, timeout_error, ClientMessage,
+};
 use crate::wire::{ErrorCode, RpcError};
 use axum::extract::{Path, Request, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -219,14 +221,16 @@ fn escaped_len(s: &str) -> usize {
 /// within `max` bytes: a frame above the executor's limit would close the
 /// whole connection (1009), so it must never be sent.
 fn frame_fits(raw: &[u8], message: &ClientMessage, max: usize, overhead: usize) -> bool {
-    // Re-serialising can grow a message (1E9 becomes 1000000000.0) and
-    // escaping it can double it; small messages cannot get near the limit.
+    // Rewriting can grow a message (a longer id; params that carry a
+    // progress token are printed again, and 1E9 becomes 1000000000.0
+    // there) and escaping it can double it; small messages cannot get near
+    // the limit.
     if raw.len().saturating_mul(8).saturating_add(overhead) <= max {
         return true;
     }
     let text = match message {
         ClientMessage::Request { body, .. } | ClientMessage::Notification { body, .. } => {
-            Value::Object(body.clone()).to_string()
+            body.to_json()
         }
         ClientMessage::Response { .. } => return true,
     };
@@ -337,11 +341,7 @@ pub(crate) async fn post(
         ClientMessage::Request {
             id, method, body, ..
         } => {
-            let wants_progress = body
-                .get("params")
-                .and_then(|p| p.get("_meta"))
-                .and_then(|m| m.get("progressToken"))
-                .is_some();
+            let wants_progress = progress_token(&body).is_some();
             let (ptx, prx) = mpsc::channel(PROGRESS_QUEUE);
             let (dtx, drx) = oneshot::channel();
             let (atx, arx) = oneshot::channel();
