@@ -21,7 +21,7 @@
 //! ends; plain numbers in tests). Every call returns what the caller must
 //! do ([`Out`]); the proxy reads no clock and does no I/O.
 
-use crate::mcp::raw::{push_json_str, write_object, Members, RawObject};
+use crate::mcp::raw::{write_object, Members, RawObject};
 use crate::wire::{ErrorCode, RpcError};
 use serde_json::{Map, Value};
 use std::borrow::Cow;
@@ -485,8 +485,13 @@ impl<P> McpProxy<P> {
         let token = progress_token(&body);
         if token.is_some() {
             if let Some(mut params) = body.value("params") {
-                params["_meta"]["progressToken"] = Value::String(hid.clone());
-                body.set_value("params", &params);
+                if let Some(t) = params
+                    .get_mut("_meta")
+                    .and_then(|m| m.get_mut("progressToken"))
+                {
+                    *t = Value::String(hid.clone());
+                    body.set_value("params", &params);
+                }
             }
         }
         let payload = body.to_json();
@@ -659,15 +664,7 @@ impl<P> McpProxy<P> {
             } => {
                 self.touch(&client, now);
                 let mut message = String::with_capacity(payload.len() + 16);
-                let id = match &original {
-                    Value::String(s) => {
-                        let mut t = String::with_capacity(s.len() + 2);
-                        push_json_str(&mut t, s);
-                        t
-                    }
-                    other => other.to_string(),
-                };
-                write_object(&msg, &[("id", &id)], &mut message);
+                write_object(&msg, &[("id", &original.to_string())], &mut message);
                 vec![Out::Answer { port, message }]
             }
             Origin::Internal { method } => {

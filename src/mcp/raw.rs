@@ -250,7 +250,7 @@ pub fn write_object(members: &Members<'_>, set: &[(&str, &str)], out: &mut Strin
 /// `s` as a JSON string. Why not always `serde_json`: member names and
 /// ids are short plain text, copied here without a serializer; anything
 /// that needs an escape goes through serde_json.
-pub fn push_json_str(out: &mut String, s: &str) {
+fn push_json_str(out: &mut String, s: &str) {
     if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
         out.push('"');
         out.push_str(s);
