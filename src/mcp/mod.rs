@@ -7,7 +7,9 @@
 //! connection ([`relay`]): the `initialize` handshake the executor does
 //! itself, the requests in flight (so a crash answers each of them, never
 //! silence), the ids the executor keeps for itself, and the server→client
-//! requests it answers on the client's behalf.
+//! requests it answers on the client's behalf. The harness's side of the
+//! channel uses [`raw`]: a message split at its top level only, so that
+//! it replaces an id and copies the rest.
 //!
 //! Messages stay strings end to end: a proxy must forward what it cannot
 //! type (custom methods, fields of a newer revision) byte for byte, so only
