@@ -233,9 +233,10 @@ fn str_text(t: &str) -> Option<Cow<'_, str>> {
 /// it asked for progress.
 pub fn progress_token(body: &RawObject) -> Option<Value> {
     let params = body.get("params")?;
-    // Only params that spell the name out, or escape something (it could
-    // be spelt with escapes), can hold it: the rest are not parsed.
-    if !params.contains("progressToken") && !params.contains('\\') {
+    // Only params that spell the name out, or hold a `\u` escape (the one
+    // way to escape a letter of it), can hold it: the rest are not parsed,
+    // however many other escapes (`\n` in a file's text) they have.
+    if !params.contains("progressToken") && !params.contains("\\u") {
         return None;
     }
     let params: Value = serde_json::from_str(params).ok()?;
@@ -959,6 +960,11 @@ mod tests {
             panic!("a request");
         };
         assert_eq!(progress_token(&body), Some(json!(5)));
+        let plain = br#"{"jsonrpc":"2.0","id":"r","method":"m","params":{"text":"a\nb"}}"#;
+        let Ok(ClientMessage::Request { body: plain, .. }) = parse_client(plain) else {
+            panic!("a request");
+        };
+        assert_eq!(progress_token(&plain), None);
         let sent: Value = serde_json::from_str(&p.request("a", id, body, 2, 0).unwrap()).unwrap();
         assert_eq!(sent["params"]["_meta"]["progressToken"], sent["id"]);
     }

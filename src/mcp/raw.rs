@@ -1,5 +1,6 @@
 //! A JSON object held as its members' text, so that a relay can change one
-//! member (an id, a progress token) and send the rest on byte for byte.
+//! member (an id, a progress token) and send the other members' values on
+//! byte for byte (their names are written again, plainly).
 //!
 //! Why not `serde_json::Value`: the harness rewrites the id of every MCP
 //! request and answer it carries. Building a `Value` tree for that (a map
@@ -27,7 +28,7 @@ const SCAN_MEMBERS: usize = 16;
 
 /// The members of one JSON object, borrowed from its text, in order.
 #[derive(Debug)]
-pub struct Members<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
+pub struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
 impl<'a> Members<'a> {
     /// The members of `text`, which must be one JSON object.
@@ -142,9 +143,17 @@ impl RawObject {
                 .0
                 .into_iter()
                 .map(|(k, v)| {
-                    // A borrowed raw value is a slice of `text`.
-                    let start = v.get().as_ptr() as usize - base;
-                    (k.into_owned(), Text::At(start..start + v.get().len()))
+                    // A borrowed raw value is a slice of `text`; were it
+                    // ever not, its own copy is kept.
+                    let value = v.get();
+                    let at = (value.as_ptr() as usize)
+                        .checked_sub(base)
+                        .filter(|&start| text.get(start..start + value.len()) == Some(value));
+                    let t = match at {
+                        Some(start) => Text::At(start..start + value.len()),
+                        None => Text::Own(value.to_owned()),
+                    };
+                    (k.into_owned(), t)
                 })
                 .collect()
         };
@@ -204,13 +213,8 @@ impl RawObject {
     pub fn to_json(&self) -> String {
         let mut out = String::with_capacity(self.text.len() + 32);
         out.push('{');
-        for (i, (k, t)) in self.members.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            push_json_str(&mut out, k);
-            out.push(':');
-            out.push_str(self.text_of(t));
+        for (k, t) in &self.members {
+            push_member(&mut out, k, self.text_of(t));
         }
         out.push('}');
         out
@@ -221,30 +225,30 @@ impl RawObject {
 /// of that member's value (added at the end when it is not there).
 pub fn write_object(members: &Members<'_>, set: &[(&str, &str)], out: &mut String) {
     out.push('{');
-    let mut first = true;
-    let mut sep = |out: &mut String| {
-        if !std::mem::take(&mut first) {
-            out.push(',');
-        }
-    };
     for (k, v) in &members.0 {
-        sep(out);
-        push_json_str(out, k);
-        out.push(':');
-        match set.iter().find(|(key, _)| key == k) {
-            Some((_, json)) => out.push_str(json),
-            None => out.push_str(v.get()),
-        }
+        let json = set
+            .iter()
+            .find(|(key, _)| key == k)
+            .map_or(v.get(), |s| s.1);
+        push_member(out, k, json);
     }
     for (key, json) in set {
-        if !members.0.iter().any(|(k, _)| k == key) {
-            sep(out);
-            push_json_str(out, key);
-            out.push(':');
-            out.push_str(json);
+        if members.get(key).is_none() {
+            push_member(out, key, json);
         }
     }
     out.push('}');
+}
+
+/// One `"key":json` member of an object being written after its `{`.
+fn push_member(out: &mut String, key: &str, json: &str) {
+    // No JSON value ends in `{`: only an object's start does.
+    if !out.ends_with('{') {
+        out.push(',');
+    }
+    push_json_str(out, key);
+    out.push(':');
+    out.push_str(json);
 }
 
 /// `s` as a JSON string. Why not always `serde_json`: member names and
