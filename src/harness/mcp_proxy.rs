@@ -158,7 +158,7 @@ pub fn parse_client(bytes: &[u8]) -> Result<ClientMessage, ClientParseError> {
             detail: "a message is a JSON object".into(),
         });
     }
-    let mut body = RawObject::parse(text.to_owned()).map_err(|e| parse(&e))?;
+    let body = RawObject::parse(text.to_owned()).map_err(|e| parse(&e))?;
     // A member's text is JSON already checked: reading it cannot fail.
     let id = body
         .get("id")
@@ -202,10 +202,7 @@ pub fn parse_client(bytes: &[u8]) -> Result<ClientMessage, ClientParseError> {
         None => {
             let answered = body.contains_key("result") || body.contains_key("error");
             match id {
-                Some(id) if answered && valid_id(&id) => {
-                    body.clear();
-                    Ok(ClientMessage::Response { id })
-                }
+                Some(id) if answered && valid_id(&id) => Ok(ClientMessage::Response { id }),
                 _ => Err(invalid(
                     "a message has a method (request, notification) or an id and a result or error (response)",
                 )),

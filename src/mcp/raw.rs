@@ -117,8 +117,9 @@ impl<'de> Deserialize<'de> for Members<'de> {
 enum Text {
     /// A range of the object's own text.
     At(Range<usize>),
-    /// Text set since (valid JSON, written by [`RawObject::set_raw`]'s
-    /// callers).
+    /// Text of its own: a value set since ([`RawObject::put`]), or a
+    /// parsed value that was not a slice of the object's text. Valid JSON
+    /// either way.
     Own(String),
 }
 
@@ -194,11 +195,6 @@ impl RawObject {
             Some((_, t)) => *t = Text::Own(json),
             None => self.members.push((key.to_owned(), Text::Own(json))),
         }
-    }
-
-    /// Drop every member.
-    pub fn clear(&mut self) {
-        self.members.clear();
     }
 
     fn text_of<'s>(&'s self, t: &'s Text) -> &'s str {
