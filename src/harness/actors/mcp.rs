@@ -76,7 +76,9 @@ const RETRY_MAX_MS: u64 = 5_000;
 /// notifications (bounded), then exactly one response.
 #[derive(Debug)]
 pub struct Port {
-    pub progress: mpsc::Sender<String>,
+    /// `None` when the answer is JSON, which cannot carry progress: the
+    /// server's progress for that request is dropped (logged at debug).
+    pub progress: Option<mpsc::Sender<String>>,
     pub done: oneshot::Sender<String>,
 }
 
@@ -555,8 +557,9 @@ impl McpState {
                 }
                 Out::Progress { request, message } => {
                     if let Some(port) = self.proxy.port(&request) {
-                        if port.progress.try_send(message).is_err() {
-                            tracing::debug!(%request, "progress notification dropped (slow or gone reader)");
+                        let queued = port.progress.as_ref().map(|q| q.try_send(message));
+                        if !matches!(queued, Some(Ok(()))) {
+                            tracing::debug!(%request, "progress notification dropped (a JSON answer, or a slow or gone reader)");
                         }
                     }
                 }

@@ -342,7 +342,21 @@ pub(crate) async fn post(
             id, method, body, ..
         } => {
             let wants_progress = progress_token(&body).is_some();
-            let (ptx, prx) = mpsc::channel(PROGRESS_QUEUE);
+            // SSE only when the client cannot take JSON, or when the
+            // request asked for progress (the one thing a JSON answer
+            // cannot carry): a JSON answer is one write of the whole
+            // response, where SSE costs the head, the event and the last
+            // chunk as separate writes and reads.
+            let use_sse = accept.sse && (!accept.json || (wants_progress && !is_init));
+            // A progress queue only for an SSE answer: a JSON answer has
+            // nowhere to put progress, and the queue (a block of its
+            // slots) was an allocation of about 1 KiB per call.
+            let (ptx, prx) = if use_sse {
+                let (t, r) = mpsc::channel(PROGRESS_QUEUE);
+                (Some(t), Some(r))
+            } else {
+                (None, None)
+            };
             let (dtx, drx) = oneshot::channel();
             let (atx, arx) = oneshot::channel();
             let msg = McpMsg::Request {
@@ -363,12 +377,6 @@ pub(crate) async fn post(
             let deadline =
                 tokio::time::Instant::now() + shared.config.mcp_request_timeout + ANSWER_GRACE;
             let timeout_ms = shared.config.mcp_request_timeout.as_millis() as u64;
-            // SSE only when the client cannot take JSON, or when the
-            // request asked for progress (the one thing a JSON answer
-            // cannot carry): a JSON answer is one write of the whole
-            // response, where SSE costs the head, the event and the last
-            // chunk as separate writes and reads.
-            let use_sse = accept.sse && (!accept.json || (wants_progress && !is_init));
             if !is_init && !use_sse {
                 // The common call: a request of a known client session
                 // answered with JSON. It waits for the answer alone; the
@@ -410,6 +418,10 @@ pub(crate) async fn post(
                 }
                 return resp;
             }
+            let Some(prx) = prx else {
+                // Not reached: `use_sse` made the queue.
+                return unavailable(&id);
+            };
             let stream = futures_util::stream::unfold(Some((prx, drx)), move |st| {
                 let id = id.clone();
                 async move {
