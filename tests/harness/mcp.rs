@@ -699,6 +699,21 @@ async fn progress_then_the_answer_over_sse() {
         .await;
     assert!(r.content_type.starts_with("application/json"));
     assert_eq!(r.json()["result"]["content"][0]["text"], "Echo: j");
+    // Accepting only JSON while asking for progress: the server's progress
+    // has nowhere to go (no queue is made for it) and the answer still
+    // comes, as JSON.
+    let r = c
+        .post(
+            &json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
+                "params": {"name": "echo", "arguments": {"message": "p"},
+                           "_meta": {"progressToken": "lost"}}}),
+            "application/json",
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.content_type.starts_with("application/json"));
+    assert_eq!(r.json()["id"], 10);
+    assert_eq!(r.json()["result"]["content"][0]["text"], "Echo: p");
     // Accepting both, without a progressToken: nothing could stream, so
     // the answer is one JSON body (the latency path), not SSE.
     let r = c

@@ -396,7 +396,8 @@ pub(crate) async fn post(
                 Ok(Ok(Err(e))) => return endpoint_error(e, &id),
                 _ => return unavailable(&id),
             };
-            if !use_sse {
+            // The queue is there exactly when the answer is SSE.
+            let Some(prx) = prx else {
                 let answer = wait_answer(drx, deadline, &id, timeout_ms).await;
                 let failed = minted.is_some()
                     && serde_json::from_str::<Value>(&answer)
@@ -413,10 +414,6 @@ pub(crate) async fn post(
                     }
                 }
                 return resp;
-            }
-            let Some(prx) = prx else {
-                // Not reached: `use_sse` made the queue.
-                return unavailable(&id);
             };
             let stream = futures_util::stream::unfold(Some((prx, drx)), move |st| {
                 let id = id.clone();
