@@ -19,16 +19,17 @@
 //! harness's workers; beside the latencies, each row reports the CPU and
 //! the context switches per call that explain them.
 
+use super::http1;
 use super::local::Local;
 use bmx::executor::mcp::sse::SseReader;
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue};
+use http::header::HeaderValue;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -327,23 +328,28 @@ impl Direct {
     }
 }
 
-/// A client of the harness's MCP endpoint: plain HTTP/1.1 connections of
-/// hyper's, one per call in flight, kept open.
+/// A client of the harness's MCP endpoint: HTTP/1.1 connections of the
+/// bench's own ([`http1`]), one per call in flight, kept open.
 ///
-/// Why not `reqwest`: the client shares the machine (2 cores here) with
-/// the harness, the executor and two servers, and at 32 in flight its CPU
-/// (URL parsing, a pool, redirect and header handling, per request) was a
-/// fifth of all samples, which measured the client more than the path.
-/// This one parses the URL once and builds the same request each time.
+/// Why neither `reqwest` nor hyper's client: the client shares the machine
+/// (2 cores here) with the harness, the executor and two servers, and
+/// what it spends per call is taken from the path it measures. With
+/// `reqwest` (URL parsing, a pool, redirect and header handling, per
+/// request) it was a fifth of all samples at 32 in flight; with hyper's
+/// client connection (a task per connection, a channel to it and back)
+/// 12-14 µs a call, three times the direct client's. This one parses the
+/// URL once, writes the same request head each time, and reads the answer
+/// in the calling task (docs/benchmarks.md, "A minimal HTTP client for the
+/// bench").
 struct Proxied {
     dial: Dial,
     path: String,
-    /// The `Host` header, made once.
-    host: HeaderValue,
     /// `Bearer <api token>`.
-    auth: HeaderValue,
+    auth: String,
     session: String,
-    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+    /// Every header of a POST but its length, made once.
+    head: String,
+    idle: Mutex<Vec<http1::Conn>>,
 }
 
 /// Where the client connects.
@@ -355,27 +361,54 @@ enum Dial {
 }
 
 impl Dial {
-    fn host_header(&self) -> HeaderValue {
+    fn host(&self) -> String {
         match self {
-            // An address prints as a valid header value.
-            Dial::Tcp(a) => HeaderValue::from_str(&a.to_string())
-                .unwrap_or(HeaderValue::from_static("localhost")),
-            Dial::Unix(_) => HeaderValue::from_static("localhost"),
+            Dial::Tcp(a) => a.to_string(),
+            Dial::Unix(_) => "localhost".into(),
         }
     }
 }
 
 impl Proxied {
-    /// The same client (path, credential, client session) over `dial`.
-    fn over(&self, dial: Dial) -> Proxied {
+    fn build(dial: Dial, path: String, auth: String, session: String) -> Proxied {
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {}\r\nauthorization: {auth}\r\n\
+             content-type: application/json\r\naccept: application/json, text/event-stream\r\n",
+            dial.host()
+        );
+        if !session.is_empty() {
+            head.push_str(&format!(
+                "mcp-session-id: {session}\r\nmcp-protocol-version: 2025-06-18\r\n"
+            ));
+        }
         Proxied {
-            host: dial.host_header(),
             dial,
-            path: self.path.clone(),
-            auth: self.auth.clone(),
-            session: self.session.clone(),
+            path,
+            auth,
+            session,
+            head,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same client (path, credential, client session) over `dial`.
+    fn over(&self, dial: Dial) -> Proxied {
+        Proxied::build(
+            dial,
+            self.path.clone(),
+            self.auth.clone(),
+            self.session.clone(),
+        )
+    }
+
+    /// The same client in the client session `session`.
+    fn in_session(&self, session: String) -> Proxied {
+        Proxied::build(
+            self.dial.clone(),
+            self.path.clone(),
+            self.auth.clone(),
+            session,
+        )
     }
 
     /// `call` of one shared client, as [`measure`] takes it.
@@ -399,89 +432,91 @@ impl Proxied {
         let rest = url.strip_prefix("http://").ok_or("not an http:// url")?;
         let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let dial = Dial::Tcp(host.parse().map_err(|e| format!("{host}: {e}"))?);
-        Ok(Proxied {
-            host: dial.host_header(),
+        if auth.bytes().any(|b| b.is_ascii_control()) {
+            return Err("a credential with a control character".into());
+        }
+        Ok(Proxied::build(
             dial,
-            path: path.to_owned(),
-            auth: HeaderValue::from_str(auth).map_err(|e| e.to_string())?,
-            session: String::new(),
-            idle: Mutex::new(Vec::new()),
-        })
+            path.to_owned(),
+            auth.to_owned(),
+            String::new(),
+        ))
     }
 
-    async fn connection(&self) -> Result<SendRequest<Full<Bytes>>, String> {
+    /// An idle connection (`true`), or a new one.
+    async fn connection(&self) -> Result<(http1::Conn, bool), String> {
         let idle = self.idle.lock().map_err(|e| e.to_string())?.pop();
-        if let Some(c) = idle.filter(|c| !c.is_closed()) {
-            return Ok(c);
+        match idle {
+            Some(c) => Ok((c, true)),
+            None => Ok((self.connect().await?, false)),
         }
-        match &self.dial {
+    }
+
+    async fn connect(&self) -> Result<http1::Conn, String> {
+        Ok(match &self.dial {
             Dial::Tcp(addr) => {
                 let tcp = tokio::net::TcpStream::connect(addr)
                     .await
                     .map_err(|e| e.to_string())?;
                 tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-                handshake(tcp).await
+                http1::Conn::new(tcp)
             }
             Dial::Unix(path) => {
                 let unix = tokio::net::UnixStream::connect(path)
                     .await
                     .map_err(|e| format!("{}: {e}", path.display()))?;
-                handshake(unix).await
+                http1::Conn::new(unix)
             }
-        }
+        })
     }
 
-    /// One POST: the answer's status, headers and body.
-    async fn exchange(&self, body: String) -> Result<(http::response::Parts, Bytes), String> {
-        let mut send = self.connection().await?;
-        let mut req = http::Request::post(self.path.as_str())
-            .header(http::header::HOST, self.host.clone())
-            .header(http::header::AUTHORIZATION, self.auth.clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json, text/event-stream");
-        if !self.session.is_empty() {
-            req = req
-                .header("mcp-session-id", self.session.as_str())
-                .header("mcp-protocol-version", "2025-06-18");
+    /// One POST of `body`, and its answer. The connection goes back to
+    /// the idle ones when it can carry another. An idle connection the
+    /// harness closed meanwhile (its keep-alive timeout) fails before any
+    /// answer; then the request goes once more, on a new connection.
+    async fn exchange(&self, body: &str) -> Result<http1::Reply, String> {
+        let mut request = String::with_capacity(self.head.len() + 24 + body.len());
+        request.push_str(&self.head);
+        // Writing to a `String` cannot fail.
+        let _ = write!(request, "content-length: {}\r\n\r\n{body}", body.len());
+        let (mut conn, reused) = self.connection().await?;
+        let reply = match conn.exchange(request.as_bytes()).await {
+            Err(_) if reused && conn.unanswered() => {
+                let mut fresh = self.connect().await?;
+                let reply = fresh.exchange(request.as_bytes()).await;
+                conn = fresh;
+                reply?
+            }
+            other => other?,
+        };
+        if conn.reusable() {
+            self.idle.lock().map_err(|e| e.to_string())?.push(conn);
         }
-        let req = req
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        send.ready().await.map_err(|e| e.to_string())?;
-        let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-        let (parts, body) = resp.into_parts();
-        let bytes = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
-        self.idle.lock().map_err(|e| e.to_string())?.push(send);
-        Ok((parts, bytes))
+        Ok(reply)
     }
 
-    async fn post(&self, body: String) -> Result<(HeaderMap, Vec<Value>), String> {
-        let (parts, bytes) = self.exchange(body).await?;
-        let status = parts.status;
-        let headers = parts.headers;
-        let sse = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|c| c.starts_with("text/event-stream"));
-        if !status.is_success() {
+    async fn post(&self, body: String) -> Result<(http1::Reply, Vec<Value>), String> {
+        let reply = self.exchange(&body).await?;
+        if !(200..300).contains(&reply.status) {
             return Err(format!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&bytes)
+                "HTTP {}: {}",
+                reply.status,
+                String::from_utf8_lossy(&reply.body)
             ));
         }
-        let messages = if sse {
+        let messages = if reply.is_sse() {
             SseReader::new(16 << 20)
-                .feed(&bytes)
+                .feed(&reply.body)
                 .map_err(|_| "event too large".to_owned())?
                 .iter()
                 .filter_map(|e| serde_json::from_str(e).ok())
                 .collect()
-        } else if bytes.is_empty() {
+        } else if reply.body.is_empty() {
             Vec::new()
         } else {
-            vec![serde_json::from_slice(&bytes).map_err(|e| e.to_string())?]
+            vec![serde_json::from_slice(&reply.body).map_err(|e| e.to_string())?]
         };
-        Ok((headers, messages))
+        Ok((reply, messages))
     }
 
     /// A notification the harness answers 202 itself: the cancellation
@@ -503,13 +538,9 @@ impl Proxied {
     /// other answer (an SSE stream, an HTTP error, another id, a JSON-RPC
     /// error) fails the call.
     async fn call(&self, id: u64) -> Result<(), String> {
-        let (parts, bytes) = self.exchange(echo(id)).await?;
-        let json = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-        if parts.status == http::StatusCode::OK && json {
-            if let Ok(answer) = serde_json::from_slice::<Answer>(&bytes) {
+        let reply = self.exchange(&echo(id)).await?;
+        if reply.status == 200 && reply.is_json() {
+            if let Ok(answer) = serde_json::from_slice::<Answer>(&reply.body) {
                 if answer.answers(id) {
                     return Ok(());
                 }
@@ -517,8 +548,8 @@ impl Proxied {
         }
         Err(format!(
             "call {id}: HTTP {}: {}",
-            parts.status,
-            String::from_utf8_lossy(&bytes)
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
         ))
     }
 }
@@ -550,21 +581,6 @@ where
         all.extend(r.map_err(|e| e.to_string())??);
     }
     Ok(stats(all, wall.elapsed()))
-}
-
-/// An HTTP/1.1 client connection over `io`, driven on the client's own
-/// runtime (the bench-client thread).
-async fn handshake<I>(io: I) -> Result<SendRequest<Full<Bytes>>, String>
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(send)
 }
 
 /// A bare HTTP/1.1 server on loopback that answers every POST with the
@@ -695,27 +711,23 @@ where
 async fn clients(target: Target) -> Result<Vec<Row>, String> {
     // The baseline.
     let direct = Arc::new(Direct::start(&target.command).await?);
-    let mut proxied = Proxied::new(&target.url, &target.auth)?;
+    let proxied = Proxied::new(&target.url, &target.auth)?;
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "bmx-bench", "version": "1"}}})
     .to_string();
     // The server starts with the session: retry initialize until it is up.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let headers = loop {
+    let session = loop {
         match proxied.post(init.clone()).await {
-            Ok((h, m)) if m.iter().any(|m| m["result"].is_object()) => break h,
+            Ok((r, m)) if m.iter().any(|m| m["result"].is_object()) => break r.session,
             other if Instant::now() > deadline => {
                 return Err(format!("initialize through the harness: {other:?}"))
             }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     };
-    proxied.session = headers
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
+    let proxied = proxied.in_session(session.unwrap_or_default());
     proxied
         .post(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.into())
         .await?;
@@ -842,6 +854,7 @@ async fn clients(target: Target) -> Result<Vec<Row>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn the_table_says_when_the_vm_halts_idle_cpus_at_once() {
@@ -909,6 +922,66 @@ mod tests {
         assert_eq!(p.path, "/v1/sessions/s-1/mcp/ev");
         assert!(Proxied::new("https://127.0.0.1:7070/x", "Bearer t").is_err());
         assert!(Proxied::new("http://localhost:7070/x", "Bearer t").is_err());
+    }
+
+    /// A server that answers one request per connection, then closes it
+    /// without saying so, as the harness's keep-alive timeout does to an
+    /// idle one.
+    async fn one_answer_per_connection() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut seen = Vec::new();
+                let body = loop {
+                    let mut b = [0u8; 4096];
+                    let n = tcp.read(&mut b).await.unwrap();
+                    assert!(n > 0);
+                    seen.extend_from_slice(&b[..n]);
+                    let text = String::from_utf8_lossy(&seen).into_owned();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length: "))
+                            .unwrap()
+                            .parse()
+                            .unwrap();
+                        if body.len() == len {
+                            break body.to_owned();
+                        }
+                    }
+                };
+                let id = serde_json::from_str::<Value>(&body).unwrap()["id"].clone();
+                let answer =
+                    json!({"jsonrpc": "2.0", "id": id, "result": {"content": []}}).to_string();
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                    answer.len()
+                );
+                tcp.write_all(reply.as_bytes()).await.unwrap();
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_the_server_closed_is_replaced_not_a_failed_call() {
+        let (addr, accepted) = one_answer_per_connection().await;
+        let client = Proxied::new(&format!("http://{addr}/mcp"), "Bearer t").unwrap();
+        for id in [1, 2, 3] {
+            client.call(id).await.unwrap();
+            // Let the server's close arrive before the connection is used again.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            3,
+            "a new connection each time"
+        );
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@ pub mod buffering;
 pub mod computer;
 pub mod events;
 pub mod harness;
+pub mod http1;
 pub mod local;
 pub mod mcp;
 pub mod peer;
