@@ -337,7 +337,7 @@ impl Direct {
 /// `reqwest` (URL parsing, a pool, redirect and header handling, per
 /// request) it was a fifth of all samples at 32 in flight; with hyper's
 /// client connection (a task per connection, a channel to it and back)
-/// 12-14 µs a call, three times the direct client's. This one parses the
+/// 12 µs a call, three times the direct client's. This one parses the
 /// URL once, writes the same request head each time, and reads the answer
 /// in the calling task (docs/benchmarks.md, "A minimal HTTP client for the
 /// bench").
