@@ -191,7 +191,7 @@ impl Conn {
                 while !self.line().await?.is_empty() {}
                 return Ok(body.freeze());
             }
-            if body.len() + size > MAX_BODY {
+            if body.len().saturating_add(size) > MAX_BODY {
                 return Err(format!("a chunked body above {MAX_BODY} bytes"));
             }
             let chunk = self.take(size).await?;
@@ -345,6 +345,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
             b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\na\r\nffffffffffffffff\r\n",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nabc\r\n0\r\n\r\n",
             b"HTTP/1.1 100 Continue\r\n\r\n",
         ] {
