@@ -33,19 +33,41 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
-    /// The media type of `Content-Type`, lower-cased, without parameters.
-    pub media: String,
+    pub media: Media,
     pub session: Option<String>,
     pub body: Bytes,
 }
 
 impl Reply {
     pub fn is_json(&self) -> bool {
-        self.media == "application/json"
+        self.media == Media::Json
     }
 
     pub fn is_sse(&self) -> bool {
-        self.media == "text/event-stream"
+        self.media == Media::EventStream
+    }
+}
+
+/// The media type of `Content-Type`, parameters aside: the two a bench
+/// tells apart, and the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Media {
+    Json,
+    EventStream,
+    /// Another type, or none.
+    Other,
+}
+
+impl Media {
+    fn of(content_type: &str) -> Media {
+        let media = content_type.split(';').next().unwrap_or_default().trim();
+        if media.eq_ignore_ascii_case("application/json") {
+            Media::Json
+        } else if media.eq_ignore_ascii_case("text/event-stream") {
+            Media::EventStream
+        } else {
+            Media::Other
+        }
     }
 }
 
@@ -59,7 +81,7 @@ enum Framing {
 struct Head {
     len: usize,
     status: u16,
-    media: String,
+    media: Media,
     session: Option<String>,
     framing: Framing,
     /// `Connection: close`: the connection is not used again.
@@ -220,7 +242,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
     let mut head = Head {
         len,
         status,
-        media: String::new(),
+        media: Media::Other,
         session: None,
         framing: Framing::Length(0),
         close: resp.version == Some(0),
@@ -243,8 +265,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
             head.framing = Framing::Chunked;
             framed = true;
         } else if h.name.eq_ignore_ascii_case("content-type") {
-            let media = value.split(';').next().unwrap_or_default();
-            head.media = media.trim().to_ascii_lowercase();
+            head.media = Media::of(value);
         } else if h.name.eq_ignore_ascii_case("mcp-session-id") {
             head.session = Some(value.to_owned());
         } else if h.name.eq_ignore_ascii_case("connection") {
