@@ -29,6 +29,7 @@ pub mod lease;
 pub mod mcp;
 pub mod process;
 pub mod runner;
+pub mod sandbox;
 pub mod supervisor;
 pub mod terminal;
 pub mod tools;

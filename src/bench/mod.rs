@@ -12,6 +12,7 @@ pub mod mcp;
 pub mod peer;
 pub mod rfb;
 pub mod scale;
+pub mod spawn;
 pub mod turns;
 pub mod visor;
 

@@ -25,7 +25,20 @@ pub struct ScaleReport {
     pub rss_per_process_bytes: f64,
     pub assign_secs: f64,
     pub start_processes_secs: f64,
+    /// Mean time per start (µs) over the starts made while about 100
+    /// processes were live (those from the 64th to the 192nd).
+    pub start_us_at_100: f64,
+    /// Mean time per start (µs) over the last 128 starts (all but 128 of
+    /// the processes live).
+    pub start_us_at_full: f64,
+    /// `start_us_at_full / start_us_at_100` (the goal: at most 1.5).
+    pub start_growth: f64,
+    /// Whether the sessions were sandboxed (`--sandbox`), and how.
+    pub sandbox: String,
     pub stop_secs: f64,
+    /// Processes of the bench's sessions still alive after every session
+    /// was stopped: those in a session cgroup of this executor, or
+    /// carrying its scope tag.
     pub leftover_processes: usize,
 }
 
@@ -59,7 +72,11 @@ async fn req<P: Serialize, R: serde::de::DeserializeOwned>(
         .map_err(|e| format!("{m}: {e}"))
 }
 
-pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, String> {
+pub async fn run(
+    sessions: usize,
+    per_session: usize,
+    sandbox: bmx::sandbox::Mode,
+) -> Result<ScaleReport, String> {
     bmx::process::sys::raise_nofile_limit();
     let mut peer = BenchPeer::start(Subprotocol::ALL[0])
         .await
@@ -76,6 +93,7 @@ pub async fn run(sessions: usize, per_session: usize) -> Result<ScaleReport, Str
     // subreaper, so killing a tree reads only this process's own children.
     config.subreaper = true;
     config.request_timeout = Duration::from_secs(120);
+    config.sandbox.mode = sandbox;
     let executor = Executor::start(config).await.map_err(|e| e.to_string())?;
     let result = measure(&mut peer, &executor, sessions, per_session).await;
     // Whatever happened, end every session: no sleep outlives the bench.
@@ -120,7 +138,10 @@ async fn measure(
     let assign_secs = started.elapsed().as_secs_f64();
     let after_sessions = rss_bytes();
     let started = Instant::now();
-    in_batches(sessions * per_session, 32, |n| {
+    let total = sessions * per_session;
+    let batch_done = std::sync::Mutex::new(Vec::<(usize, Instant)>::new());
+    in_batches(total, 32, |n| {
+        let batch_done = &batch_done;
         let link = link.clone();
         async move {
             let p = ProcessStartParams {
@@ -143,6 +164,9 @@ async fn measure(
                 file_transfer: None,
             };
             let st: ProcessState = req(&link, Method::ProcessStart, &p).await?;
+            if let Ok(mut d) = batch_done.lock() {
+                d.push((n, Instant::now()));
+            }
             match st.state {
                 ProcState::Running => Ok(()),
                 other => Err(format!("process {n}: {other:?} {:?}", st.message)),
@@ -151,6 +175,23 @@ async fn measure(
     })
     .await?;
     let start_processes_secs = started.elapsed().as_secs_f64();
+    // When the k-th start (in completion order) finished: the time per
+    // start over a window is its span over its length.
+    let mut done: Vec<Instant> = batch_done
+        .into_inner()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    done.sort();
+    let per_start = |from: usize, to: usize| -> f64 {
+        if to <= from || to > done.len() || from == 0 {
+            return f64::NAN;
+        }
+        (done[to - 1] - done[from - 1]).as_secs_f64() * 1e6 / (to - from) as f64
+    };
+    let start_us_at_100 = per_start(64, 192.min(total));
+    let start_us_at_full = per_start(total.saturating_sub(128).max(1), total);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let after_processes = rss_bytes();
     let started = Instant::now();
@@ -171,7 +212,11 @@ async fn measure(
     .await?;
     let stop_secs = started.elapsed().as_secs_f64();
     let scope = format!("{}/", executor.shared().instance);
-    let leftover = bmx::process::sys::pids_in_scope(&scope).len();
+    let mut leftover = bmx::process::sys::pids_in_scope(&scope);
+    leftover.extend(in_session_cgroups());
+    leftover.sort_unstable();
+    leftover.dedup();
+    let leftover = leftover.len();
     let procs = (sessions * per_session).max(1) as f64;
     Ok(ScaleReport {
         sessions,
@@ -184,7 +229,25 @@ async fn measure(
         rss_per_process_bytes: after_processes.saturating_sub(after_sessions) as f64 / procs,
         assign_secs,
         start_processes_secs,
+        start_us_at_100,
+        start_us_at_full,
+        start_growth: start_us_at_full / start_us_at_100,
+        sandbox: match executor.shared().capabilities().sandbox {
+            Some(s) => format!("filesystem={} cgroup={}", s.filesystem, s.cgroup),
+            None => "off".into(),
+        },
         stop_secs,
         leftover_processes: leftover,
     })
+}
+
+/// Pids in one of this process's session cgroups (any hierarchy).
+fn in_session_cgroups() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| bmx::sandbox::cgroup::in_sessions(p))
+        .collect()
 }

@@ -1,6 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
-use crate::bench::{buffering, computer, events, harness, mcp, rfb, scale, turns, visor};
+use crate::bench::{buffering, computer, events, harness, mcp, rfb, scale, spawn, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
 use std::process::ExitCode;
@@ -44,6 +44,19 @@ pub enum BenchCommand {
         sessions: usize,
         #[arg(long, default_value_t = 10)]
         processes: usize,
+        /// The sessions' sandbox (`off`: to measure what it costs).
+        #[arg(long, default_value = "auto", value_name = "auto|off")]
+        sandbox: bmx::sandbox::Mode,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The cost of starting a process: `std::process::Command` (the raw
+    /// baseline), bmx's spawner bare, and bmx's spawner in a session's
+    /// sandbox (Landlock, cgroup, no capabilities).
+    Spawn {
+        /// Starts per row (each waited for before the next).
+        #[arg(long, default_value_t = 2000)]
+        starts: usize,
         #[arg(long)]
         json: bool,
     },
@@ -427,11 +440,15 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 }
             }
         }
+        BenchCommand::Spawn { starts, json } => {
+            report("spawn", json, spawn::run(starts.max(10)).await, |r| r.table())
+        }
         BenchCommand::Scale {
             sessions,
             processes,
+            sandbox,
             json,
-        } => match scale::run(sessions, processes).await {
+        } => match scale::run(sessions, processes, sandbox).await {
             Ok(r) if json => {
                 println!("{}", serde_json::to_string(&r).unwrap_or_default());
                 ExitCode::SUCCESS

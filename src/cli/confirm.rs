@@ -22,7 +22,7 @@ pub struct ConfirmArgs {
     #[command(subcommand)]
     pub command: ConfirmCommand,
     /// The executor's `--work-root` (default: the executor's default,
-    /// `$TMPDIR/bmx-work`).
+    /// `~/.bmx/work`).
     #[arg(long, global = true, value_name = "DIR")]
     pub work_root: Option<PathBuf>,
     /// The confirmation socket itself (overrides `--work-root`).
@@ -48,7 +48,7 @@ fn socket(args: &ConfirmArgs) -> PathBuf {
     match (&args.socket, &args.work_root) {
         (Some(s), _) => s.clone(),
         (None, Some(root)) => socket_path(root),
-        (None, None) => socket_path(&std::env::temp_dir().join("bmx-work")),
+        (None, None) => socket_path(&bmx::executor::workroot::default_work_root()),
     }
 }
 

@@ -100,6 +100,8 @@ pub struct ExecutorArgs {
     /// it (0: off). Default 512 MiB.
     #[arg(long, value_name = "BYTES", default_value_t = bmx::tools::disk::DEFAULT_RESERVE_BYTES)]
     pub disk_reserve: u64,
+    #[command(flatten)]
+    pub sandbox: super::sandbox::SandboxArgs,
 }
 
 /// `--confirm`.
@@ -161,6 +163,7 @@ impl ExecutorArgs {
             max_file_bytes: (self.tool_max_file_size > 0).then_some(self.tool_max_file_size),
             reserve_bytes: self.disk_reserve,
         };
+        config.sandbox = self.sandbox.into_config()?;
         // The daemon owns all its children: orphans come back to it.
         config.subreaper = true;
         config.journal = Some(config.work_root.join(bmx::executor::journal::FILE));

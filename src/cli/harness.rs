@@ -100,6 +100,8 @@ pub struct UpArgs {
     /// Also serve the API on this Unix socket (mode 0600).
     #[arg(long, env = "BMX_API_UNIX")]
     pub api_unix: Option<PathBuf>,
+    #[command(flatten)]
+    pub sandbox: super::sandbox::SandboxArgs,
 }
 
 /// `NAME=COMMAND [ARGS...]` → (name, argv), as `bmx executor --agent` reads it.
@@ -387,12 +389,33 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let sandbox = match args.sandbox.into_config() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("bmx up: {e}");
+            h.shutdown().await;
+            return ExitCode::from(2);
+        }
+    };
+    // A fresh directory with a random name (mkdtemp, 0700), never one
+    // another user could have made first (issue 56); under
+    // $XDG_RUNTIME_DIR when there is one.
     let (work_root, remove_work_root) = match args.work_root {
         Some(p) => (p, false),
-        None => (
-            std::env::temp_dir().join(format!("bmx-up-{}", std::process::id())),
-            true,
-        ),
+        None => {
+            let base = std::env::var_os("XDG_RUNTIME_DIR")
+                .map(PathBuf::from)
+                .filter(|d| d.is_dir())
+                .unwrap_or_else(std::env::temp_dir);
+            match tempfile::Builder::new().prefix("bmx-up-").tempdir_in(&base) {
+                Ok(d) => (d.keep(), true),
+                Err(e) => {
+                    eprintln!("bmx up: cannot make a work root in {}: {e}", base.display());
+                    h.shutdown().await;
+                    return ExitCode::from(1);
+                }
+            }
+        }
     };
     // Its own executor dials the in-process endpoint: the same handshake
     // and frames as a socket, without one (PROTOCOL.md §1, local
@@ -401,6 +424,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let mut config = ExecutorConfig::new(endpoint, TokenSource::Static(token));
     config.work_root = work_root.clone();
     config.agents = agents;
+    config.sandbox = sandbox;
     // Installed before the executor starts, like `bmx executor`'s: a signal
     // from now on is a clean shutdown, never the default death.
     let signals = match bmx::executor::ShutdownSignals::install() {

@@ -12,6 +12,7 @@ pub mod executor;
 pub mod harness;
 pub mod json;
 pub mod run;
+pub mod sandbox;
 pub mod scrub;
 pub mod status;
 pub mod targets;

@@ -123,6 +123,8 @@ pub struct ExecutorConfig {
     /// 0600 JSON file read at every grant; `executor::git_credentials`).
     /// `None`: `process.gitCredentials` is not offered.
     pub git_credentials: Option<PathBuf>,
+    /// The session sandbox (issue 48; `crate::sandbox`): on by default.
+    pub sandbox: crate::sandbox::SandboxConfig,
 }
 
 impl ExecutorConfig {
@@ -132,7 +134,7 @@ impl ExecutorConfig {
             token,
             name: hostname(),
             environment_id: None,
-            work_root: std::env::temp_dir().join("bmx-work"),
+            work_root: crate::executor::workroot::default_work_root(),
             workspace: None,
             max_sessions: 1024,
             reconnect_max_attempts: None,
@@ -168,6 +170,7 @@ impl ExecutorConfig {
             confirm_timeout: crate::executor::confirm::DEFAULT_TIMEOUT,
             confirm_socket: None,
             git_credentials: None,
+            sandbox: crate::sandbox::SandboxConfig::default(),
         }
     }
 }

@@ -202,12 +202,12 @@ exit 1
 /// The seed's `GitCredentialGranter.Grant`: a helper for one process, from
 /// the executor's configured file, valid now. `Err` when the executor has
 /// none configured (the session refuses that before: -32012).
-pub fn grant(config: &crate::executor::ExecutorConfig) -> Result<Askpass, GrantError> {
+pub fn grant(config: &crate::executor::ExecutorConfig, root: &Path) -> Result<Askpass, GrantError> {
     let file = config
         .git_credentials
         .as_deref()
         .ok_or(GrantError::NoneValid)?;
-    Askpass::grant(file, &std::env::temp_dir(), OffsetDateTime::now_utc())
+    Askpass::grant(file, root, OffsetDateTime::now_utc())
 }
 
 /// One process's helper directory; removed on drop.

@@ -26,6 +26,7 @@ pub mod runtime;
 pub mod skills;
 pub mod stdio_peer;
 pub mod stop;
+pub mod workroot;
 // Issue 15 (part A): package install, git credentials.
 pub mod git_credentials;
 pub mod packages;
@@ -98,11 +99,10 @@ impl ExecutorExit {
 /// Why the executor could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot create the work root {path}: {source}")]
-    WorkRoot {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    #[error("work root: {0}")]
+    WorkRoot(#[from] workroot::WorkRootError),
+    #[error("{0}")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("cannot spawn the actor tree: {0}")]
     Spawn(String),
     #[error("cannot open the journal {path}: {source}")]
@@ -135,10 +135,7 @@ impl Executor {
         config: ExecutorConfig,
         tools: crate::tools::ToolRegistry,
     ) -> Result<ExecutorHandle, StartError> {
-        std::fs::create_dir_all(&config.work_root).map_err(|source| StartError::WorkRoot {
-            path: config.work_root.clone(),
-            source,
-        })?;
+        workroot::prepare(&config.work_root)?;
         // Every process holds one to three descriptors (its pipes).
         crate::process::sys::raise_nofile_limit();
         crate::process::sys::reserve_spare_fd();
@@ -162,7 +159,12 @@ impl Executor {
             },
             None => None,
         };
-        let shared = Shared::with_journal(config, tools, instance, journal);
+        // Before any session: children start from reserved low descriptor
+        // slots (`process::spawn`), and the sandbox decides what it can
+        // enforce here.
+        let _ = crate::process::spawn::reserve();
+        let sandboxes = Arc::new(crate::sandbox::Sandboxes::start(config.sandbox.clone())?);
+        let shared = Shared::with_journal(config, tools, instance, journal, sandboxes);
         let (root, exit) = root::start(shared.clone())
             .await
             .map_err(|e| StartError::Spawn(e.to_string()))?;
@@ -226,10 +228,12 @@ impl ExecutorHandle {
 
     /// Wait until the executor ends by itself.
     pub async fn wait(self) -> ExecutorExit {
-        match self.exit.await {
+        let exit = match self.exit.await {
             Ok(exit) => ExecutorExit::from_supervisor(exit),
             Err(_) => ExecutorExit::Failed("the root supervisor vanished".into()),
-        }
+        };
+        remove_sandboxes(&self.shared).await;
+        exit
     }
 
     /// Stop in order: close the connection (executor.close, then 1000), end
@@ -257,6 +261,7 @@ impl ExecutorHandle {
     pub async fn run_until(mut self, mut signals: ShutdownSignals) -> ExecutorExit {
         tokio::select! {
             exit = &mut self.exit => {
+                remove_sandboxes(&self.shared).await;
                 return match exit {
                     Ok(exit) => ExecutorExit::from_supervisor(exit),
                     Err(_) => ExecutorExit::Failed("the root supervisor vanished".into()),
@@ -267,6 +272,13 @@ impl ExecutorHandle {
         }
         self.shutdown().await
     }
+}
+
+/// The executor's last act: whatever is still in a session cgroup dies,
+/// and its cgroup tree goes.
+async fn remove_sandboxes(shared: &Arc<Shared>) {
+    let sandboxes = shared.sandboxes.clone();
+    let _ = tokio::task::spawn_blocking(move || sandboxes.remove_all()).await;
 }
 
 /// SIGTERM and SIGINT listeners. Installing them replaces the default

@@ -74,14 +74,11 @@ pub struct Shared {
     /// signal cannot interrupt) gives up at once instead of waiting out
     /// its request timeout.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// What confines each session (issue 48).
+    pub sandboxes: Arc<crate::sandbox::Sandboxes>,
 }
 
 impl Shared {
-    pub fn new(config: ExecutorConfig, tools: crate::tools::ToolRegistry) -> Arc<Self> {
-        let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
-        Self::with_journal(config, tools, instance, None)
-    }
-
     /// As [`Shared::new`], with the process tag prefix `instance` and a
     /// journal opened under it.
     pub fn with_journal(
@@ -89,6 +86,7 @@ impl Shared {
         tools: crate::tools::ToolRegistry,
         instance: String,
         journal: Option<Arc<super::journal::Journal>>,
+        sandboxes: Arc<crate::sandbox::Sandboxes>,
     ) -> Arc<Self> {
         Arc::new(Shared {
             config,
@@ -107,6 +105,7 @@ impl Shared {
             metrics: super::metrics::Metrics::new().with_journal(journal.as_deref()),
             journal,
             stopping: tokio_util::sync::CancellationToken::new(),
+            sandboxes,
         })
     }
 
@@ -154,6 +153,7 @@ impl Shared {
             skills: crate::executor::artifacts::ENABLED
                 .then_some(crate::wire::types::SkillsCapability { install: true }),
             // What the executor's reader accepts (`LinkLimits::default`).
+            sandbox: self.sandboxes.is_on().then(|| self.sandboxes.capability()),
             max_frame_bytes: Some(
                 crate::wire::LinkLimits::default().max_control_frame_bytes as u64,
             ),

@@ -11,13 +11,11 @@
 //! goes to a bounded tail (for error reports) and to the debug log, with
 //! secret values redacted.
 
-use crate::process::{exits, sys};
+use crate::process::sys;
 use nix::sys::signal::Signal;
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::Stdio as StdStdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -57,6 +55,9 @@ pub struct StdioSpec {
     pub secrets: Arc<Vec<String>>,
     /// For the log lines.
     pub label: String,
+    /// The session's sandbox (`None`: `bmx visor`'s own agents, which are
+    /// the person's).
+    pub confine: Option<Arc<crate::process::spawn::Confinement>>,
 }
 
 pub struct StdioPeer {
@@ -88,18 +89,21 @@ impl StdioPeer {
         let (in_r, in_w) = pipe()?;
         let (out_r, out_w) = pipe()?;
         let (err_r, err_w) = pipe()?;
-        let mut cmd = std::process::Command::new(&spec.program);
-        cmd.arg0(&spec.arg0)
-            .args(&spec.args)
-            .current_dir(&spec.cwd)
-            .env_clear()
-            .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .stdin(StdStdio::from(in_r))
-            .stdout(StdStdio::from(out_w))
-            .stderr(StdStdio::from(err_w))
-            .process_group(0);
-        let (pid, exit) = exits::spawn(&mut cmd)?;
-        drop(cmd);
+        use crate::process::spawn::{Command, Group, Stdio};
+        let argv: Vec<&str> = std::iter::once(spec.arg0.as_str())
+            .chain(spec.args.iter().map(String::as_str))
+            .collect();
+        let mut cmd = Command::new(&spec.program, &argv)?;
+        cmd.cwd(&spec.cwd)?
+            .env(spec.env.iter().map(|(k, v)| (k, v)))?
+            .stdin(Stdio::Fd(in_r))
+            .stdout(Stdio::Fd(out_w))
+            .stderr(Stdio::Fd(err_w))
+            .group(Group::New)
+            .run_as(spec.confine.is_some())
+            .confine(spec.confine.clone());
+        let child = cmd.spawn()?;
+        let (pid, exit) = (child.pid, child.exit);
         let stdin_pipe = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)?;
         let stdout_pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
         let stderr_pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
@@ -137,7 +141,7 @@ impl StdioPeer {
         let secrets = spec.secrets.clone();
         tasks.push(
             tokio::spawn(async move {
-                let status = exit.await;
+                let status = exit.wait().await;
                 let _ = exited_tx.send(true);
                 // What the server wrote before it went is relayed first
                 // (a grandchild holding stdout open cannot hold this up).

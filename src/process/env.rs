@@ -127,6 +127,10 @@ pub struct ChildEnv {
     /// The inherited part, already filtered, in the base's order.
     base: Vec<(String, String)>,
     deny: Vec<Rule>,
+    /// Whether [`ChildEnv::build`] adds the scope tag: not for a session
+    /// whose processes its cgroup finds (issue 48; the tag is the
+    /// fallback where no cgroup can be made).
+    tagged: bool,
 }
 
 impl ChildEnv {
@@ -146,7 +150,36 @@ impl ChildEnv {
                 !k.starts_with(EXECUTOR_PREFIX) && !deny.iter().any(|r| r.matches(k))
             })
             .collect();
-        ChildEnv { base, deny }
+        ChildEnv {
+            base,
+            deny,
+            tagged: true,
+        }
+    }
+
+    /// The same policy with `vars` in the base, replacing what it had
+    /// under those names (a sandboxed session's own `TMPDIR` and `HOME`);
+    /// a caller's variables still win over them.
+    pub fn with_base_vars(mut self, vars: impl IntoIterator<Item = (String, String)>) -> ChildEnv {
+        for (k, v) in vars {
+            self.base.retain(|(name, _)| *name != k);
+            self.base.push((k, v));
+        }
+        self
+    }
+
+    /// A variable of the base.
+    pub fn base_var(&self, name: &str) -> Option<&str> {
+        self.base
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The same policy without the scope tag (see `tagged`).
+    pub fn untagged(mut self) -> ChildEnv {
+        self.tagged = false;
+        self
     }
 
     /// A policy over this process's own environment, as it is now. A
@@ -212,7 +245,7 @@ impl ChildEnv {
         scope: &str,
     ) -> Result<Vec<(String, String)>, EnvError> {
         self.check(vars)?;
-        if scope.is_empty() {
+        if self.tagged && scope.is_empty() {
             return Err(EnvError::NoScope);
         }
         let given = |name: &str| vars.is_some_and(|v| v.contains_key(name));
@@ -230,7 +263,9 @@ impl ChildEnv {
         if tty == Tty::Pty && !given("TERM") {
             out.push(("TERM".into(), PTY_TERM.into()));
         }
-        out.push((SCOPE_ENV.into(), scope.to_owned()));
+        if self.tagged {
+            out.push((SCOPE_ENV.into(), scope.to_owned()));
+        }
         Ok(out)
     }
 }

@@ -1,222 +1,218 @@
-//! Exit statuses of the session processes, without a file descriptor per
-//! process.
+//! The exit of a child started by [`super::spawn`], watched through its
+//! pidfd.
 //!
-//! Why not `tokio::process::Child::wait`: on Linux tokio watches each child
-//! through a pidfd, one more open file per process on top of its output
-//! pipe. An executor holding 1 000 sessions × 10 processes then needs 20 000
-//! descriptors, and `RLIMIT_NOFILE` is often exactly that (and only root
-//! with `CAP_SYS_RESOURCE` may raise the hard limit). Here the pipe is the
-//! only descriptor a process costs.
-//!
-//! How: processes are spawned with `std` (no pidfd) and registered here
-//! under the same lock as [`super::sys::spawn_owned`] uses, so the orphan
-//! reaper leaves them alone. One thread (not a task: it must outlive any
-//! one tokio runtime, and a program may run several) wakes on `SIGCHLD`
-//! through a self-pipe written by a signal-safe handler (and every second,
-//! as a safety net) and *peeks* at exited children with
-//! `waitid(P_ALL, WNOWAIT)`: a registered pid is reaped with `waitpid` and
-//! its status sent to its owner; that is O(exited children). A zombie that
-//! is not ours (a tool's or a terminal's child, which tokio reaps itself)
-//! cannot be stepped over by a peek, so that round falls back to one
-//! `waitpid(pid, WNOHANG)` per registered process.
+//! Why a pidfd per child (issue 48): the watcher before this one woke on
+//! `SIGCHLD` and peeked with `waitid(P_ALL, WNOWAIT)`, which makes the
+//! kernel walk every child of the executor for each exit
+//! (`wait_consider_task`: a tenth of the CPU while 10 000 processes
+//! started). A pidfd becomes readable when its process exits, so tokio's
+//! reactor wakes exactly the one waiter, which reaps exactly that child
+//! with `waitid(P_PIDFD)`. The price is one descriptor per live process
+//! on top of its output pipe; the executor raises `RLIMIT_NOFILE` to the
+//! hard limit at start (`sys::raise_nofile_limit`).
 
-use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::sync::{Mutex, OnceLock};
-use tokio::sync::oneshot;
 
-/// Registered children: pid → where its exit status goes.
-static WAITING: Mutex<Option<HashMap<i32, oneshot::Sender<ExitStatus>>>> = Mutex::new(None);
-
-/// The write end of the watcher's self-pipe (raw: the signal handler uses
-/// it, and it lives as long as the process).
-static WAKE: OnceLock<RawFd> = OnceLock::new();
-
-/// A process's exit, delivered once.
-pub type Exit = oneshot::Receiver<ExitStatus>;
-
-/// Spawn `cmd` (its descriptors are set up by the caller) and watch its exit.
-pub fn spawn(cmd: &mut std::process::Command) -> std::io::Result<(u32, Exit)> {
-    let wake = watcher()?;
-    super::sys::inherit_only_stdio(cmd);
-    let (tx, rx) = oneshot::channel();
-    let pid = super::sys::spawn_owned(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id();
-        // Dropping a std `Child` neither waits for nor kills it.
-        Ok((pid, pid))
-    })?;
-    lock()
-        .get_or_insert_with(HashMap::new)
-        .insert(pid as i32, tx);
-    // The child may already have exited, its SIGCHLD spent on a sweep that
-    // did not know it yet: sweep again.
-    poke(wake);
-    Ok((pid, rx))
+/// A child's exit, to be awaited once. Dropped unawaited, the child is
+/// still reaped (by a task, or a thread outside a runtime), never left a
+/// zombie.
+#[derive(Debug)]
+pub struct Exit {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
 }
 
-/// Async-signal-safe: one write(2) to a non-blocking pipe (a full pipe
-/// already means "wake up").
-fn poke(fd: RawFd) {
-    // SAFETY: writing one byte from a static buffer.
-    unsafe { libc::write(fd, b"x".as_ptr().cast(), 1) };
-}
-
-fn lock() -> std::sync::MutexGuard<'static, Option<HashMap<i32, oneshot::Sender<ExitStatus>>>> {
-    WAITING.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Start the watcher thread once; its self-pipe's write end.
-fn watcher() -> std::io::Result<RawFd> {
-    static STARTED: Mutex<()> = Mutex::new(());
-    if let Some(&fd) = WAKE.get() {
-        return Ok(fd);
+impl Exit {
+    pub(super) fn new(pid: u32, pidfd: OwnedFd) -> Exit {
+        Exit {
+            pid,
+            pidfd: Some(pidfd),
+        }
     }
-    let _once = STARTED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(&fd) = WAKE.get() {
-        return Ok(fd);
+
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
-    let wfd = w.as_raw_fd();
-    // SAFETY: the action only calls write(2), which is async-signal-safe.
-    unsafe { signal_hook_registry::register(libc::SIGCHLD, move || poke(wfd)) }
-        .map_err(std::io::Error::other)?;
-    std::thread::Builder::new()
-        .name("bmx-exits".into())
-        .spawn(move || watch(r))?;
-    // The write end lives as long as the process: the handler may run
-    // at any time.
-    std::mem::forget(w);
-    let _ = WAKE.set(wfd);
-    Ok(wfd)
+
+    /// The child's pidfd, e.g. for `pidfd_send_signal` (no pid reuse
+    /// race while the child is unreaped).
+    pub fn pidfd(&self) -> Option<&OwnedFd> {
+        self.pidfd.as_ref()
+    }
+
+    /// Reap the child if it has exited, without waiting.
+    ///
+    /// # Errors
+    /// A `waitid` failure other than "still running".
+    pub fn reap_now(&self) -> std::io::Result<Option<ExitStatus>> {
+        match &self.pidfd {
+            Some(fd) => {
+                let status = try_reap(fd)?;
+                if status.is_some() {
+                    super::sys::release_owned(self.pid);
+                }
+                Ok(status)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Wait for the child to exit and reap it.
+    ///
+    /// # Errors
+    /// When the pidfd cannot be watched or `waitid` fails.
+    pub async fn wait(mut self) -> std::io::Result<ExitStatus> {
+        let fd = self
+            .pidfd
+            .take()
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::Other, "exit already reaped"))?;
+        let pid = self.pid;
+        let status = wait_fd(fd).await;
+        super::sys::release_owned(pid);
+        status
+    }
 }
 
-/// The watcher thread: sweep, then sleep until a SIGCHLD, a registration
-/// or a second has passed.
-fn watch(wake: OwnedFd) {
-    let mut buf = [0u8; 64];
+async fn wait_fd(fd: OwnedFd) -> std::io::Result<ExitStatus> {
+    if let Some(status) = try_reap(&fd)? {
+        return Ok(status);
+    }
+    // SAFETY: the OwnedFd is moved into the AsyncFd, which keeps it open
+    // (the same pidfd) for as long as it is registered.
+    let afd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    }
+    .map_err(|e| e.into_parts().1)?;
     loop {
-        sweep();
-        let mut pfd = [nix::poll::PollFd::new(
-            wake.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(1000u16));
-        while matches!(nix::unistd::read(wake.as_fd(), &mut buf), Ok(n) if n > 0) {}
+        let mut ready = afd.readable().await?;
+        if let Some(status) = try_reap(afd.get_ref())? {
+            return Ok(status);
+        }
+        ready.clear_ready();
     }
 }
 
-/// Reap every registered child that has exited.
-fn sweep() {
-    let mut guard = lock();
-    let Some(waiting) = guard.as_mut().filter(|w| !w.is_empty()) else {
-        return;
-    };
-    let mut foreign = false;
+impl Drop for Exit {
+    fn drop(&mut self) {
+        let Some(fd) = self.pidfd.take() else {
+            return;
+        };
+        let pid = self.pid;
+        if matches!(try_reap(&fd), Ok(Some(_))) {
+            super::sys::release_owned(pid);
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _ = wait_fd(fd).await;
+                    super::sys::release_owned(pid);
+                });
+            }
+            Err(_) => {
+                let _ = std::thread::Builder::new()
+                    .name("bmx-reap".into())
+                    .spawn(move || {
+                        let _ = reap_blocking(&fd);
+                        super::sys::release_owned(pid);
+                    });
+            }
+        }
+    }
+}
+
+/// `waitid(P_PIDFD, WNOHANG)`: the status if the child has exited.
+fn try_reap(fd: &OwnedFd) -> std::io::Result<Option<ExitStatus>> {
+    waitid(fd, libc::WEXITED | libc::WNOHANG | libc::__WALL)
+}
+
+fn reap_blocking(fd: &OwnedFd) -> std::io::Result<Option<ExitStatus>> {
+    waitid(fd, libc::WEXITED | libc::__WALL)
+}
+
+fn waitid(fd: &OwnedFd, options: libc::c_int) -> std::io::Result<Option<ExitStatus>> {
     loop {
-        // SAFETY: waitid writes into the zeroed local siginfo only.
+        // SAFETY: waitid writes the zeroed local siginfo only.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         let rc = unsafe {
             libc::waitid(
-                libc::P_ALL,
-                0,
+                libc::P_PIDFD,
+                fd.as_raw_fd() as libc::id_t,
                 &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+                options,
             )
         };
-        // SAFETY: si_pid is valid for a WEXITED siginfo (0: none exited).
-        let pid = if rc == 0 { unsafe { info.si_pid() } } else { 0 };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: si_pid/si_status are valid for a WEXITED siginfo; a pid
+        // of 0 means "not exited yet" under WNOHANG.
+        let (pid, code, status) = unsafe { (info.si_pid(), info.si_code, info.si_status()) };
         if pid == 0 {
-            break;
+            return Ok(None);
         }
-        if !reap(waiting, pid) {
-            foreign = true;
-            break;
-        }
+        let raw = match code {
+            libc::CLD_EXITED => (status & 0xff) << 8,
+            libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+            _ => status & 0x7f,
+        };
+        return Ok(Some(ExitStatus::from_raw(raw)));
     }
-    if foreign {
-        let pids: Vec<i32> = waiting.keys().copied().collect();
-        for pid in pids {
-            reap(waiting, pid);
-        }
-    }
-}
-
-/// Reap `pid` if it is registered and has exited; false if it is not ours
-/// or still running.
-fn reap(waiting: &mut HashMap<i32, oneshot::Sender<ExitStatus>>, pid: i32) -> bool {
-    if !waiting.contains_key(&pid) {
-        return false;
-    }
-    let mut status = 0;
-    // SAFETY: waitpid on one specific child; status is a local.
-    let rc = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-    if rc != pid {
-        return false;
-    }
-    if let Some(tx) = waiting.remove(&pid) {
-        let _ = tx.send(ExitStatus::from_raw(status));
-    }
-    super::sys::release_owned(pid as u32);
-    true
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::spawn::{Command, Stdio};
+    use std::path::Path;
     use std::time::Duration;
 
+    fn sh(script: &str) -> Command {
+        Command::new(Path::new("/bin/sh"), &["sh", "-c", script]).unwrap()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn exit_codes_and_signals_arrive_without_a_pidfd() {
-        let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    async fn many_exits_arrive_each_to_its_own_waiter() {
         let mut exits = Vec::new();
-        for code in 0..20 {
-            let mut cmd = std::process::Command::new("sh");
-            cmd.arg("-c").arg(format!("exit {code}"));
-            exits.push((code, spawn(&mut cmd).unwrap().1));
+        for code in 0..40 {
+            let mut cmd = sh(&format!("exit {code}"));
+            cmd.stdout(Stdio::Null);
+            exits.push((code, cmd.spawn().unwrap().exit));
         }
-        // A foreign child (tokio's own) exiting in between must not stall
-        // the watcher.
+        // A foreign child (tokio's own) exiting in between is none of
+        // their business.
         let foreign = tokio::process::Command::new("true").status();
-        let mut sleeper = std::process::Command::new("sleep");
-        sleeper.arg("300");
-        // Other tests in this binary open and close descriptors at the same
-        // time: ten processes holding one each would show as +10.
-        let before = fds();
-        let (pid, killed) = spawn(&mut sleeper).unwrap();
-        let more: Vec<(u32, Exit)> = (0..10)
-            .map(|_| {
-                let mut s = std::process::Command::new("sleep");
-                s.arg("300");
-                spawn(&mut s).unwrap()
-            })
-            .collect();
-        assert!(fds() < before + 5, "no descriptor held per process");
-        for (p, _) in &more {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*p as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
         assert!(foreign.await.unwrap().success());
-        for (code, exit) in exits {
-            let status = tokio::time::timeout(Duration::from_secs(20), exit)
+        for (code, exit) in exits.into_iter().rev() {
+            let status = tokio::time::timeout(Duration::from_secs(20), exit.wait())
                 .await
                 .expect("exit delivered")
                 .unwrap();
             assert_eq!(status.code(), Some(code));
         }
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        let status = tokio::time::timeout(Duration::from_secs(20), killed)
+    }
+
+    #[tokio::test]
+    async fn a_dropped_exit_still_reaps_its_child() {
+        let child = sh("exit 3").spawn().unwrap();
+        let pid = child.pid;
+        drop(child.exit);
+        // Reaped by the background waiter: the pid is gone from /proc
+        // (a zombie would still be listed).
+        let gone = async {
+            while Path::new(&format!("/proc/{pid}")).exists() {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), gone)
             .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
+            .expect("reaped");
     }
 }

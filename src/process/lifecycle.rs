@@ -247,6 +247,15 @@ impl<W> Lifecycle<W> {
     /// The child's exit was observed: decide the final state (see the module
     /// doc), reap what it left, answer everyone waiting. A second exit is
     /// ignored.
+    /// The kernel's OOM killer ended the process (its session is at its
+    /// memory bound): the reason the platform sees, unless one was set
+    /// first (a kill it asked for). Call before [`Lifecycle::exited`].
+    pub fn oom_killed(&mut self) {
+        if self.is_running() && self.reason.is_none() {
+            self.reason = Some("oom_killed".into());
+        }
+    }
+
     pub fn exited(&mut self, status: ExitStatus) -> Vec<Effect<W>> {
         if !self.is_running() {
             return Vec::new();

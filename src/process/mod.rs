@@ -7,4 +7,5 @@ pub mod lifecycle;
 pub mod region;
 pub mod ring;
 pub mod run_as;
+pub mod spawn;
 pub mod sys;

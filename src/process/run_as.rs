@@ -106,9 +106,19 @@ pub fn get() -> Option<&'static RunAs> {
 /// (raw system calls on data resolved before the fork). Idempotent: a
 /// child that already is the user (two hooks on one command) skips it.
 pub fn drop_in_child() -> std::io::Result<()> {
-    let Some(u) = RUN_AS.get() else {
-        return Ok(());
-    };
+    match RUN_AS.get() {
+        Some(u) => become_user(u),
+        None => Ok(()),
+    }
+}
+
+/// In a child between its `clone` and `exec` (`super::spawn`): become
+/// `u`. Async-signal-safe: raw system calls on memory resolved before
+/// the child was made, no allocation (an error is a raw OS error).
+///
+/// # Errors
+/// The failing call's errno; `EPERM` if a root id is left afterwards.
+pub fn become_user(u: &RunAs) -> std::io::Result<()> {
     // SAFETY: raw system calls on integers and a slice that lives for the
     // whole process; no allocation, no lock.
     unsafe {

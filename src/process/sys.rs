@@ -553,16 +553,15 @@ pub fn raise_nofile_limit() {
     }
 }
 
-/// Give `cmd` a new PTY of `cols`×`rows` as stdin, stdout and stderr, and
-/// make the child the leader of a new session whose controlling terminal is
-/// that PTY (job control, SIGWINCH and hangup behave as in a real
-/// terminal). Returns the master, close-on-exec and non-blocking.
-pub fn attach_pty(
-    cmd: &mut tokio::process::Command,
+/// A new PTY of `cols`×`rows`: the master (close-on-exec, non-blocking)
+/// and the slave (close-on-exec; a child gets it as 0, 1 and 2 and makes
+/// it its controlling terminal: `spawn::Group::Session { tty: true }`).
+/// Under `--run-as` the slave is the user's, as `login` makes it, so a
+/// program that opens its tty by name (`/dev/tty`, `ttyname`) gets in.
+pub fn open_pty(
     cols: u16,
     rows: u16,
-) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::process::Stdio;
+) -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     let size = nix::pty::Winsize {
         ws_row: rows,
         ws_col: cols,
@@ -572,35 +571,16 @@ pub fn attach_pty(
     let pty = nix::pty::openpty(Some(&size), None)?;
     let (master, slave) = (pty.master, pty.slave);
     if let Some(u) = super::run_as::get() {
-        // The terminal is its user's, as `login` makes it: a program that
-        // opens its tty by name (`/dev/tty`, `ttyname`) gets in.
         nix::unistd::fchown(&slave, Some(nix::unistd::Uid::from_raw(u.uid)), None)?;
     }
-    nix::fcntl::fcntl(
-        &master,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
-    cmd.stdin(Stdio::from(slave.try_clone()?))
-        .stdout(Stdio::from(slave.try_clone()?))
-        .stderr(Stdio::from(slave));
-    // SAFETY: only async-signal-safe calls (setsid, ioctl, fcntl) between
-    // fork and exec: a new session whose controlling terminal is the PTY on
-    // fd 0, and no other inherited descriptor.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            cloexec_above_stderr()?;
-            default_signals();
-            super::run_as::drop_in_child()
-        });
+    for fd in [&master, &slave] {
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
     }
     set_nonblocking(&master)?;
-    Ok(master)
+    Ok((master, slave))
 }
 
 /// In a forked child, between fork and exec: mark every descriptor above 2

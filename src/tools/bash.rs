@@ -31,7 +31,7 @@ use std::fs;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -41,7 +41,7 @@ use crate::process::sys;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+
 use tokio::time::{Instant, Interval};
 use tokio_util::sync::CancellationToken;
 
@@ -203,22 +203,9 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
     }
     let timeout_ms = input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
 
-    let mut command = Command::new(shell());
-    command
-        .arg("-c")
-        .arg(&input.command)
-        .current_dir(&cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env_clear()
-        .envs(env)
-        .process_group(0)
-        .kill_on_drop(true);
-    crate::process::sys::inherit_only_stdio(command.as_std_mut());
-    ctx.disk.limit_child(command.as_std_mut());
-    let mut child = match command.spawn() {
-        Ok(child) => child,
+    let started = start(ctx, &input.command, &cwd, env);
+    let (child, stdout_r, stderr_r) = match started {
+        Ok(started) => started,
         Err(err) => {
             return ToolOutput::failure(
                 reason::IO_ERROR,
@@ -226,7 +213,8 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             )
         }
     };
-    let pid = child.id();
+    let pid = Some(child.pid);
+    let mut exit = Box::pin(child.exit.wait());
     // If this future is dropped mid-run, still kill the tree and stop the
     // readers instead of leaking them.
     let mut guard = TreeGuard { pid };
@@ -238,13 +226,13 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
     let stdout_min = limit - stderr_min;
     let stem = spill_stem(&ctx.tool_call_id);
     let counter = Arc::new(AtomicU64::new(0));
-    let stdout_task = child.stdout.take().map(|reader| {
+    let stdout_task = Some({
         let sink = StreamSink::new("stdout", limit, stdout_min, &ctx.workspace, &stem);
-        tokio::spawn(pump(reader, sink, counter.clone(), stop.clone()))
+        tokio::spawn(pump(stdout_r, sink, counter.clone(), stop.clone()))
     });
-    let stderr_task = child.stderr.take().map(|reader| {
+    let stderr_task = Some({
         let sink = StreamSink::new("stderr", limit, stderr_min, &ctx.workspace, &stem);
-        tokio::spawn(pump(reader, sink, counter.clone(), stop.clone()))
+        tokio::spawn(pump(stderr_r, sink, counter.clone(), stop.clone()))
     });
 
     let deadline = Instant::now().checked_add(Duration::from_millis(timeout_ms));
@@ -265,7 +253,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
     });
     let end = loop {
         tokio::select! {
-            status = child.wait() => break End::Exited(status),
+            status = &mut exit => break End::Exited(status),
             () = sleep_until_opt(deadline) => break End::TimedOut,
             () = ctx.cancel.cancelled() => break End::Canceled,
             () = tick(&mut disk_check) => {
@@ -298,7 +286,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             let root = pid.and_then(|p| i32::try_from(p).ok());
             let scope = ctx.scope.clone();
             let _ = tokio::task::spawn_blocking(move || sys::kill_tree(root, root, &scope)).await;
-            let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
+            let _ = tokio::time::timeout(REAP_GRACE, &mut exit).await;
             guard.pid = None;
             None
         }
@@ -370,6 +358,50 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
             ToolOutput::failure(reason::DISK_FULL, text)
         }
     }
+}
+
+/// Start the shell with `command`: its stdout and stderr pipes (the read
+/// ends, for tokio), in the session's sandbox, its own process group,
+/// `RLIMIT_FSIZE` from the disk bounds.
+fn start(
+    ctx: &ToolContext,
+    command: &str,
+    cwd: &Path,
+    env: Vec<(String, String)>,
+) -> io::Result<(
+    crate::process::spawn::Child,
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Receiver,
+)> {
+    use crate::process::spawn::{Command, Group, Stdio};
+    let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (err_r, err_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let sh = shell();
+    let argv = [
+        sh.as_os_str(),
+        std::ffi::OsStr::new("-c"),
+        std::ffi::OsStr::new(command),
+    ];
+    let mut cmd = Command::new(sh, &argv)?;
+    cmd.cwd(cwd)?
+        .env(env)?
+        .stdin(Stdio::Null)
+        .stdout(Stdio::Fd(out_w))
+        .stderr(Stdio::Fd(err_w))
+        .group(Group::New)
+        .confine(ctx.confine.clone())
+        // A tool run outside an executor (`ToolContext::new`) runs as the
+        // caller; an executor's calls carry its session's confinement.
+        .run_as(ctx.confine.is_some());
+    if let Some(max) = ctx.disk.max_file_bytes {
+        cmd.rlimit(libc::RLIMIT_FSIZE, max);
+    }
+    let child = cmd.spawn()?;
+    Ok((
+        child,
+        tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?,
+        tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?,
+    ))
 }
 
 enum End {

@@ -479,7 +479,7 @@ impl Actor for SessionActor {
         let env = child_env(&data, Tty::Pty)?;
         let (cols, rows) = *data.size_tx.borrow();
         let argv = &data.checked.argv;
-        let spawned = match pty::spawn(argv, &data.checked.cwd, env, cols, rows) {
+        let spawned = match pty::spawn(argv, &data.checked.cwd, env, cols, rows, None) {
             Ok(s) => s,
             // The first run's failure is the caller's (a 400); a restart's
             // counts against the budget.
@@ -490,7 +490,7 @@ impl Actor for SessionActor {
         let (poke, done) = (myself.clone(), myself.clone());
         let tx = pty::run(
             &spawned.master,
-            spawned.child,
+            spawned.exit,
             spawned.pid,
             data.output.clone(),
             data.scope.clone(),

@@ -13,6 +13,7 @@ mod connections;
 mod ids;
 mod logs;
 mod run_as;
+mod sandbox;
 mod schemathesis;
 mod small;
 mod token;

@@ -50,6 +50,8 @@ pub struct AgentArgs {
     pub argv: Vec<String>,
     pub workspace: PathBuf,
     pub scope: String,
+    /// The session's sandbox: the agent runs in it.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
 }
 
 #[derive(Clone)]
@@ -194,9 +196,8 @@ impl Actor for Agent {
             let _ = me.send_message(AgentMsg::Agent(ev));
         });
         let env = args
-            .shared
-            .config
-            .child_env()
+            .sandbox
+            .child_env(args.shared.config.child_env())
             .build(None, Tty::No, &args.scope)
             .map_err(|e| e.to_string())?;
         let command = args.argv.first().cloned().unwrap_or_default();
@@ -217,6 +218,7 @@ impl Actor for Agent {
                 max_message: MAX_LINE,
                 secrets: Arc::new(Vec::new()),
                 label: format!("{}/agent:{}", args.session_id, args.name),
+                confine: args.sandbox.confinement(),
             },
             sink,
         )

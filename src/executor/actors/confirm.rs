@@ -198,8 +198,29 @@ async fn connection(
 ) {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    let peer = stream.peer_cred().map(|c| c.uid());
+    let cred = stream.peer_cred();
+    let peer = cred.as_ref().map(|c| c.uid());
     let (read, mut write) = stream.into_split();
+    // Session code of the same user must not answer its own calls (issue
+    // 48): a peer inside one of this executor's session cgroups is
+    // refused, whatever its uid. The kernel keeps that membership; the
+    // session cannot leave its cgroup.
+    let in_session = cred
+        .as_ref()
+        .ok()
+        .and_then(|c| c.pid())
+        .is_some_and(crate::sandbox::cgroup::in_sessions);
+    if in_session {
+        tracing::warn!("confirm socket: a process of a session was refused");
+        let _ = write
+            .write_all(
+                LocalResponse::error("forbidden", "session code may not answer")
+                    .line()
+                    .as_bytes(),
+            )
+            .await;
+        return;
+    }
     if peer.as_ref().ok() != Some(&me) {
         tracing::warn!(?peer, "confirm socket: a peer of another user was refused");
         let _ = write

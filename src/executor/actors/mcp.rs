@@ -69,6 +69,8 @@ pub struct McpArgs {
     pub key: String,
     pub launch: Arc<Launch>,
     pub scope: String,
+    /// The session's sandbox: a stdio server runs in it.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
     pub secrets: Arc<Vec<String>>,
     pub starts: Arc<AtomicU32>,
     pub open: Arc<AtomicBool>,
@@ -382,6 +384,7 @@ impl Actor for McpServer {
                         max_message: args.max_message,
                         secrets: args.secrets.clone(),
                         label,
+                        confine: args.sandbox.confinement(),
                     },
                     sink,
                 )

@@ -35,7 +35,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Stdio;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -305,6 +305,8 @@ pub struct ProcessArgs {
     pub session_id: String,
     pub workspace: PathBuf,
     pub scope: String,
+    /// The session's sandbox: every child of the process starts in it.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
     pub spec: ProcessStartParams,
     pub read_slots: Arc<Semaphore>,
 }
@@ -317,6 +319,10 @@ pub struct ProcessData {
     session_id: String,
     spec: ProcessStartParams,
     scope: String,
+    sandbox: Arc<crate::sandbox::Sandbox>,
+    /// The session's OOM kills when this process started: more at its
+    /// SIGKILL means the kernel's OOM killer ended it (`oom_killed`).
+    oom_at_start: u64,
     pid: Option<u32>,
     started_at: String,
     message: Option<String>,
@@ -391,6 +397,7 @@ fn resolve_cwd(workspace: &std::path::Path, cwd: Option<&str>) -> Result<PathBuf
 /// the spec's, `TERM` for a PTY, and the scope tag.
 fn build_env(
     shared: &Shared,
+    sandbox: &crate::sandbox::Sandbox,
     spec: &ProcessStartParams,
     scope: &str,
 ) -> Result<Vec<(String, String)>, RpcError> {
@@ -398,9 +405,8 @@ fn build_env(
         IoMode::Pty => Tty::Pty,
         IoMode::Pipe => Tty::No,
     };
-    shared
-        .config
-        .child_env()
+    sandbox
+        .child_env(shared.config.child_env())
         .build(spec.env.as_ref(), tty, scope)
         .map_err(|e| env_refusal(&e))
 }
@@ -409,27 +415,27 @@ fn spawn(
     spec: &ProcessStartParams,
     cwd: PathBuf,
     env: Vec<(String, String)>,
+    sandbox: &crate::sandbox::Sandbox,
 ) -> std::io::Result<Spawned> {
-    // Resolved here, against the child's own PATH: given a bare name and a
-    // PATH of its own, std cannot use posix_spawn and forks instead, which
-    // copies the page tables of an executor holding thousands of processes.
+    use crate::process::spawn::{Command, Group, Stdio};
+    // Resolved here, against the child's own PATH (the child runs no
+    // search of its own).
     let path = env
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
-    let mut cmd = match sys::resolve_program(&spec.argv[0], path, &cwd) {
-        Some(program) => {
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.arg0(&spec.argv[0]);
-            cmd
+    let program = match sys::resolve_program(&spec.argv[0], path, &cwd) {
+        Some(p) => p,
+        None if spec.argv[0].contains('/') => cwd.join(&spec.argv[0]),
+        None => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not found in PATH",
+            ))
         }
-        None => tokio::process::Command::new(&spec.argv[0]),
     };
-    cmd.args(&spec.argv[1..])
-        .current_dir(cwd)
-        .env_clear()
-        .envs(env)
-        .kill_on_drop(false);
+    let mut cmd = Command::new(&program, &spec.argv)?;
+    cmd.cwd(&cwd)?.env(env)?.confine(sandbox.confinement());
     let (stdout_r, stderr_r, stdin_w);
     match spec.io_mode {
         IoMode::Pipe => {
@@ -449,22 +455,25 @@ fn spawn(
                 StdinMode::Open => {
                     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
                     sys::set_nonblocking(&w)?;
-                    cmd.stdin(Stdio::from(r));
+                    cmd.stdin(Stdio::Fd(r));
                     stdin_w = Some(w);
                 }
                 StdinMode::Closed => {
-                    cmd.stdin(Stdio::null());
+                    cmd.stdin(Stdio::Null);
                     stdin_w = None;
                 }
             }
-            cmd.stdout(Stdio::from(out_w))
-                .stderr(Stdio::from(err_w))
-                .process_group(0);
+            cmd.stdout(Stdio::Fd(out_w))
+                .stderr(Stdio::Fd(err_w))
+                .group(Group::New);
             stdout_r = out_r;
         }
         IoMode::Pty => {
-            let master =
-                sys::attach_pty(&mut cmd, spec.cols.unwrap_or(80), spec.rows.unwrap_or(24))?;
+            let (master, slave) = sys::open_pty(spec.cols.unwrap_or(80), spec.rows.unwrap_or(24))?;
+            cmd.stdin(Stdio::Fd(slave.try_clone()?))
+                .stdout(Stdio::Fd(slave.try_clone()?))
+                .stderr(Stdio::Fd(slave))
+                .group(Group::Session { tty: true });
             stdin_w = match spec.stdin {
                 StdinMode::Open => Some(master.try_clone()?),
                 StdinMode::Closed => None,
@@ -473,15 +482,12 @@ fn spawn(
             stderr_r = None;
         }
     }
-    // Spawned by std and watched by `exits`: no pidfd, so the output pipe is
-    // the only descriptor a process costs (see process::exits).
-    let (pid, exit) = exits::spawn(cmd.as_std_mut())?;
-    // `cmd` still holds the child's ends of the pipes: drop them now so EOF
-    // arrives when the child (not bmx) closes them.
-    drop(cmd);
+    // The child's ends of the pipes go with `cmd`, so EOF arrives when the
+    // child (not bmx) closes them.
+    let child = cmd.spawn()?;
     Ok(Spawned {
-        pid,
-        exit,
+        pid: child.pid,
+        exit: child.exit,
         stdout: stdout_r,
         stderr: stderr_r,
         stdin: stdin_w,
@@ -663,6 +669,8 @@ impl Actor for ProcessActor {
             session: args.session,
             session_id: args.session_id,
             scope: args.scope,
+            oom_at_start: args.sandbox.oom_kills(),
+            sandbox: args.sandbox.clone(),
             pid: None,
             started_at: now_rfc3339(),
             message: None,
@@ -700,10 +708,9 @@ impl Actor for ProcessActor {
         }
         // Granted before the spawn; a refused grant is a failed spawn with
         // the reason as its message (never the secret: see GrantError).
-        let askpass = state
-            .spec
-            .git_credentials
-            .then(|| crate::executor::git_credentials::grant(&args.shared.config));
+        let askpass = state.spec.git_credentials.then(|| {
+            crate::executor::git_credentials::grant(&args.shared.config, args.sandbox.tmp())
+        });
         let spawned = resolve_cwd(&args.workspace, state.spec.cwd.as_deref())
             .map_err(|e| {
                 e.message
@@ -713,8 +720,8 @@ impl Actor for ProcessActor {
                         .unwrap_or_default()
             })
             .and_then(|cwd| {
-                let mut env =
-                    build_env(&args.shared, &state.spec, &state.scope).map_err(|e| e.message)?;
+                let mut env = build_env(&args.shared, &state.sandbox, &state.spec, &state.scope)
+                    .map_err(|e| e.message)?;
                 if let Some(granted) = &askpass {
                     let helper = granted.as_ref().map_err(|e| e.to_string())?;
                     for (k, v) in helper.env() {
@@ -722,7 +729,8 @@ impl Actor for ProcessActor {
                         env.push((k, v));
                     }
                 }
-                spawn(&state.spec, cwd, env).map_err(|e| format!("{}: {e}", state.spec.argv[0]))
+                spawn(&state.spec, cwd, env, &state.sandbox)
+                    .map_err(|e| format!("{}: {e}", state.spec.argv[0]))
             });
         match spawned {
             Ok(s) => {
@@ -742,7 +750,7 @@ impl Actor for ProcessActor {
                 }
                 let (me, exit) = (myself.clone(), s.exit);
                 tokio::spawn(async move {
-                    if let Ok(status) = exit.await {
+                    if let Ok(status) = exit.wait().await {
                         let _ = me.send_message(ProcessMsg::Exited(status));
                     }
                 });
@@ -881,6 +889,11 @@ impl Actor for ProcessActor {
                 }
             }
             ProcessMsg::Exited(status) => {
+                if status.signal() == Some(libc::SIGKILL)
+                    && state.sandbox.oom_kills() > state.oom_at_start
+                {
+                    state.life.oom_killed();
+                }
                 let effects = state.life.exited(ExitStatus {
                     code: status.code(),
                     signal: status.signal(),

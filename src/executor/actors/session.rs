@@ -162,6 +162,9 @@ const TOOL_RESULTS_MAX: usize = 65_536;
 pub struct SessionArgs {
     pub shared: Arc<Shared>,
     pub params: AssignParams,
+    /// The session's bounds (the executor's, lowered by
+    /// `metadata.sandbox`), checked at assign.
+    pub bounds: crate::sandbox::Bounds,
 }
 
 struct ProcEntry {
@@ -179,6 +182,11 @@ pub struct SessionState {
     lease_token: String,
     workspace: PathBuf,
     scope: String,
+    /// What confines the session's code (issue 48), shared with every
+    /// child actor that starts a process.
+    sandbox: Arc<crate::sandbox::Sandbox>,
+    /// `<work_root>/private/<id>`: the sandbox's temp and home.
+    private: PathBuf,
     processes: HashMap<String, ProcEntry>,
     tools: HashMap<String, ToolCall>,
     /// This session's process and tool actors (it is their supervisor).
@@ -689,6 +697,7 @@ impl Session {
             argv: argv.clone(),
             workspace: state.workspace.clone(),
             scope: format!("{}agent:/", state.scope),
+            sandbox: state.sandbox.clone(),
         };
         let spec = ChildSpec::restartable(id, Restart::Transient, Agent, args)
             .budget(state.shared.config.agent_restart_budget);
@@ -861,14 +870,15 @@ impl Session {
                 continue;
             }
             let scope = mcp_scope(&state.scope, &key);
-            let (shared, workspace, scope2, spec2) = (
+            let (shared, workspace, scope2, spec2, sandbox) = (
                 state.shared.clone(),
                 state.workspace.clone(),
                 scope.clone(),
                 spec.clone(),
+                state.sandbox.clone(),
             );
             let prepared = tokio::task::spawn_blocking(move || {
-                launch::prepare(&shared, &workspace, &scope2, &spec2)
+                launch::prepare(&shared, &workspace, &scope2, &spec2, &sandbox)
             })
             .await
             .unwrap_or_else(|e| {
@@ -917,6 +927,7 @@ impl Session {
                 key: key.clone(),
                 launch: Arc::new(launch),
                 scope,
+                sandbox: state.sandbox.clone(),
                 secrets: Arc::new(secrets),
                 starts: Arc::new(std::sync::atomic::AtomicU32::new(0)),
                 open,
@@ -1022,6 +1033,7 @@ impl Session {
             session_id: state.id.clone(),
             workspace: state.workspace.clone(),
             scope: process_scope(&state.scope, &spec.process_id),
+            sandbox: state.sandbox.clone(),
             spec: run,
             read_slots: state.read_slots.clone(),
         };
@@ -1095,6 +1107,7 @@ impl Session {
             shared: state.shared.clone(),
             session: myself.clone(),
             workspace: state.workspace.clone(),
+            sandbox: state.sandbox.clone(),
             params: p,
             display,
         };
@@ -1130,7 +1143,7 @@ impl Session {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let args = DisplayArgs {
             scope: format!("{}display:/", state.scope),
-            env: state.shared.config.child_env(),
+            env: state.sandbox.child_env(state.shared.config.child_env()),
         };
         let started = state
             .children
@@ -1204,15 +1217,16 @@ impl Session {
         for w in waits {
             let _ = tokio::time::timeout_at(until.into(), w).await;
         }
-        // Whatever escaped its group dies now.
-        let scope = state.scope.clone();
-        let _ =
-            tokio::task::spawn_blocking(move || crate::process::sys::kill_tree(None, None, &scope))
-                .await;
+        // Whatever escaped its group dies now: everything in the session's
+        // cgroup (or, without one, everything carrying its tag).
+        let (scope, sandbox) = (state.scope.clone(), state.sandbox.clone());
+        let _ = tokio::task::spawn_blocking(move || kill_session(&sandbox, &scope)).await;
         state.forget_processes();
         state.children.stop_all().await;
+        let (sandbox, private) = (state.sandbox.clone(), state.private.clone());
+        let _ = tokio::task::spawn_blocking(move || sandbox.end(&private)).await;
         if !keep_workspace && state.shared.config.workspace.is_none() {
-            if let Err(e) = tokio::fs::remove_dir_all(&state.workspace).await {
+            if let Err(e) = remove_workspace(&state.shared.config.work_root, &state.id).await {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(error = %e, "cannot remove the workspace");
                 }
@@ -1254,15 +1268,50 @@ impl Actor for Session {
         let workspace = match &args.shared.config.workspace {
             // Bound: the one workspace, shared by every session, never removed.
             Some(ws) => ws.clone(),
-            None => workspace_dir(&args.shared.config.work_root, &p.session_id),
+            None => {
+                let root = args.shared.config.work_root.clone();
+                let id = p.session_id.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::executor::workroot::make_session_dir(&root, "sessions", &id)
+                })
+                .await??
+            }
         };
-        tokio::fs::create_dir_all(&workspace).await?;
-        if args.shared.config.workspace.is_none() {
-            // Under `--run-as` the session's own directory is its user's
-            // (a bound `--workspace` is left as the operator made it).
-            crate::process::run_as::chown_tree(&workspace)?;
-        }
         let workspace = tokio::fs::canonicalize(&workspace).await?;
+        let private = {
+            let root = args.shared.config.work_root.clone();
+            let id = p.session_id.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::executor::workroot::make_session_dir(
+                    &root,
+                    "private",
+                    &crate::sandbox::session_name(&id),
+                )
+            })
+            .await??
+        };
+        let sandbox = {
+            let (shared, id, ws, private, bounds) = (
+                args.shared.clone(),
+                p.session_id.clone(),
+                workspace.clone(),
+                private.clone(),
+                args.bounds,
+            );
+            tokio::task::spawn_blocking(move || {
+                shared
+                    .sandboxes
+                    .make(&crate::sandbox::session_name(&id), &ws, &private, &bounds)
+            })
+            .await?
+        };
+        let sandbox = match sandbox {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&private);
+                return Err(e.into());
+            }
+        };
         let reads = args.shared.limits().concurrent_process_reads() as usize;
         let children = Children::new("session", None, None);
         let connected = args.shared.link().is_some();
@@ -1295,6 +1344,8 @@ impl Actor for Session {
         let (sid_r, sid_e) = (p.session_id.clone(), p.session_id.clone());
         let mut state = SessionState {
             scope: session_scope(&args.shared.instance, &p.session_id),
+            sandbox,
+            private,
             shared: args.shared,
             id: p.session_id,
             work_id: p.work_id,
@@ -1383,9 +1434,18 @@ impl Actor for Session {
             // MCP servers and the agent go their orderly way first (their
             // in-flight requests answered), then whatever is left dies.
             state.children.stop_all().await;
-            crate::process::sys::kill_tree(None, None, &state.scope);
+            let (scope, sandbox, private) = (
+                state.scope.clone(),
+                state.sandbox.clone(),
+                state.private.clone(),
+            );
+            let _ = tokio::task::spawn_blocking(move || {
+                kill_session(&sandbox, &scope);
+                sandbox.end(&private);
+            })
+            .await;
             if state.shared.config.workspace.is_none() {
-                let _ = tokio::fs::remove_dir_all(&state.workspace).await;
+                let _ = remove_workspace(&state.shared.config.work_root, &state.id).await;
             }
         }
         state.children.stop_all().await;
@@ -1714,4 +1774,25 @@ mod tests {
         }
         assert_ne!(safe_name("a/b"), safe_name("a/c"));
     }
+}
+
+/// Kill everything the session runs: its cgroup, or (no cgroup on this
+/// host) every process carrying its tag. Blocking.
+fn kill_session(sandbox: &crate::sandbox::Sandbox, scope: &str) {
+    if sandbox.contained() {
+        sandbox.kill();
+    } else {
+        crate::process::sys::kill_tree(None, None, scope);
+    }
+}
+
+/// Remove a session's workspace beneath the work root (never through a
+/// link planted in place of it: `executor::workroot`).
+async fn remove_workspace(work_root: &std::path::Path, id: &str) -> std::io::Result<()> {
+    let (root, id) = (work_root.to_path_buf(), id.to_owned());
+    tokio::task::spawn_blocking(move || {
+        crate::executor::workroot::remove_session_dir(&root, "sessions", &id)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }

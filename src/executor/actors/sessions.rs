@@ -206,9 +206,19 @@ impl Sessions {
         if state.sessions.len() >= state.shared.config.max_sessions as usize {
             return reply.err(RpcError::executor_busy("max_sessions"));
         }
+        let bounds = match state.shared.sandboxes.bounds_for(&p.metadata) {
+            Ok(b) => b,
+            Err(refusal) => {
+                return reply.err(
+                    RpcError::invalid_params(refusal.to_string())
+                        .with_reason("invalid_sandbox_bounds"),
+                )
+            }
+        };
         let args = SessionArgs {
             shared: state.shared.clone(),
             params: p.clone(),
+            bounds,
         };
         let spec = ChildSpec::temporary(p.session_id.clone(), Session, args)
             // Ending a session kills its processes: allow for the deadline.
@@ -255,10 +265,20 @@ impl Sessions {
         let reason = match (&exit.exit, told) {
             (Exit::Abnormal(why), _) => {
                 tracing::error!(session = %session_id, error = %why, "session crashed; ending it");
-                // Its process actors may be gone with it: kill by tag.
+                // Its process actors may be gone with it: kill its cgroup,
+                // and by tag.
+                state
+                    .shared
+                    .sandboxes
+                    .kill_named(&crate::sandbox::session_name(&session_id));
                 crate::process::sys::kill_scope(
                     None,
                     &super::session::session_scope(&state.shared.instance, &session_id),
+                );
+                let _ = crate::executor::workroot::remove_session_dir(
+                    &state.shared.config.work_root,
+                    "private",
+                    &crate::sandbox::session_name(&session_id),
                 );
                 if state.shared.config.workspace.is_none() {
                     let _ = std::fs::remove_dir_all(super::session::workspace_dir(
@@ -419,7 +439,18 @@ impl Actor for Sessions {
             let scope = super::session::session_scope(&shared.instance, &session_id);
             let workspace = super::session::workspace_dir(&shared.config.work_root, &session_id);
             let bound = shared.config.workspace.is_some();
+            let (sandboxes, sid, root) = (
+                shared.sandboxes.clone(),
+                session_id.clone(),
+                shared.config.work_root.clone(),
+            );
             let _ = tokio::task::spawn_blocking(move || {
+                sandboxes.kill_named(&crate::sandbox::session_name(&sid));
+                let _ = crate::executor::workroot::remove_session_dir(
+                    &root,
+                    "private",
+                    &crate::sandbox::session_name(&sid),
+                );
                 crate::process::sys::kill_scope(None, &scope);
                 if !bound {
                     let _ = std::fs::remove_dir_all(workspace);
@@ -468,6 +499,7 @@ impl Actor for Sessions {
         dynamic::shutdown(&state.sup, Duration::from_secs(15)).await;
         state.shared.sessions.clear();
         crate::process::sys::kill_scope(None, &format!("{}/", state.shared.instance));
+
         Ok(())
     }
 

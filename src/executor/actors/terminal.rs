@@ -111,6 +111,9 @@ pub struct TerminalState {
     id: String,
     terminals: ActorRef<TerminalsMsg>,
     scope: String,
+    /// The terminal's own sandbox (issue 48): like a session's, with its
+    /// own directory as the workspace.
+    jail: Jail,
     pid: u32,
     created_at: String,
     cols: u16,
@@ -165,12 +168,27 @@ pub fn validate(shared: &Shared, spec: &TerminalOpenParams) -> Result<(), RpcErr
             );
         }
     }
-    let cwd = cwd(shared, spec);
-    if !cwd.is_dir() {
-        return Err(RpcError::invalid_params(format!(
-            "cwd {} is not a directory",
-            cwd.display()
-        )));
+    // A sandboxed terminal's `cwd` is beneath its own new directory
+    // (`cwd`, below); without a sandbox it is a path on the machine.
+    if !shared.sandboxes.is_on() && shared.config.workspace.is_none() {
+        if let Some(c) = &spec.cwd {
+            if !std::path::Path::new(c).is_dir() {
+                return Err(RpcError::invalid_params(format!(
+                    "cwd {c} is not a directory"
+                )));
+            }
+        }
+    }
+    if let Some(ws) = &shared.config.workspace {
+        let cwd = spec
+            .cwd
+            .as_deref()
+            .map_or(Ok(ws.clone()), |c| crate::tools::boundary::resolve(ws, c));
+        if !cwd.is_ok_and(|c| c.is_dir()) {
+            return Err(RpcError::invalid_params(
+                "cwd is not a directory in the workspace",
+            ));
+        }
     }
     Ok(())
 }
@@ -180,8 +198,73 @@ pub fn validate(shared: &Shared, spec: &TerminalOpenParams) -> Result<(), RpcErr
 ///
 /// A bound executor resolves it inside its workspace (symlinks followed)
 /// and defaults to the workspace; `validate` refused anything outside.
-fn cwd(shared: &Shared, spec: &TerminalOpenParams) -> PathBuf {
-    if let Some(ws) = &shared.config.workspace {
+/// A terminal's sandbox and the directories it owns.
+#[derive(Clone)]
+struct Jail {
+    sandbox: Arc<crate::sandbox::Sandbox>,
+    /// Its workspace (`<work_root>/terminals/<id>`), removed at its end;
+    /// `None` for a bound executor's one workspace.
+    own: Option<PathBuf>,
+    private: PathBuf,
+    workspace: PathBuf,
+}
+
+impl Jail {
+    /// Blocking: directories and a cgroup.
+    fn make(shared: &Shared, id: &str) -> Result<Jail, String> {
+        use crate::executor::workroot;
+        let root = &shared.config.work_root;
+        let (workspace, own) = match &shared.config.workspace {
+            Some(ws) => (ws.clone(), None),
+            None => {
+                let d =
+                    workroot::make_session_dir(root, "terminals", id).map_err(|e| e.to_string())?;
+                (d.clone(), Some(d))
+            }
+        };
+        let private = workroot::make_session_dir(root, "private", &format!("t-{id}"))
+            .map_err(|e| e.to_string())?;
+        let bounds = shared.config.sandbox.bounds;
+        match shared.sandboxes.make(
+            &crate::sandbox::terminal_name(id),
+            &workspace,
+            &private,
+            &bounds,
+        ) {
+            Ok(sandbox) => Ok(Jail {
+                sandbox: Arc::new(sandbox),
+                own,
+                private,
+                workspace,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&private);
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Kill everything the terminal started, remove its cgroup and
+    /// directories. Blocking.
+    fn end(&self, scope: &str) {
+        if self.sandbox.contained() {
+            self.sandbox.kill();
+        } else {
+            sys::kill_scope(None, scope);
+        }
+        self.sandbox.end(&self.private);
+        if let Some(d) = &self.own {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// The working directory: `cwd` beneath the terminal's workspace
+/// (relative, or absolute inside it), else the workspace itself. Without
+/// a sandbox (`--sandbox off`), as before: `cwd` as given, else `$HOME`.
+fn cwd(shared: &Shared, jail: &Jail, spec: &TerminalOpenParams) -> PathBuf {
+    if shared.sandboxes.is_on() || shared.config.workspace.is_some() {
+        let ws = &jail.workspace;
         return match &spec.cwd {
             Some(c) => crate::tools::boundary::resolve(ws, c).unwrap_or_else(|_| ws.clone()),
             None => ws.clone(),
@@ -192,22 +275,23 @@ fn cwd(shared: &Shared, spec: &TerminalOpenParams) -> PathBuf {
         None => std::env::var_os("HOME")
             .map(PathBuf::from)
             .filter(|h| h.is_dir())
-            .unwrap_or_else(|| shared.config.work_root.clone()),
+            .unwrap_or_else(|| jail.workspace.clone()),
     }
 }
 
 /// The child's environment, by the executor's one policy
-/// (`process::env`): the executor's minus `BMX_*` and denied names, plus the
-/// spec's, `TERM` for the PTY unless set, and the scope tag that finds the
-/// tree later.
+/// (`process::env`): the executor's minus `BMX_*` and denied names, the
+/// sandbox's own `TMPDIR` and `HOME`, the spec's, `TERM` for the PTY
+/// unless set, and (without a cgroup) the scope tag that finds the tree
+/// later.
 fn env(
     shared: &Shared,
+    jail: &Jail,
     spec: &TerminalOpenParams,
     scope: &str,
 ) -> Result<Vec<(String, String)>, EnvError> {
-    shared
-        .config
-        .child_env()
+    jail.sandbox
+        .child_env(shared.config.child_env())
         .build(spec.env.as_ref(), Tty::Pty, scope)
 }
 
@@ -478,19 +562,35 @@ impl Actor for TerminalActor {
         let spec = &args.spec;
         let argv = pty::command_line(spec);
         let (cols, rows) = (spec.cols.max(1), spec.rows.max(1));
-        let spawned = pty::spawn(
-            &argv,
-            &cwd(&args.shared, spec),
-            env(&args.shared, spec, &args.scope)?,
-            cols,
-            rows,
-        )
-        .map_err(|e| format!("{}: {e}", argv[0]))?;
+        let jail = {
+            let (shared, id) = (args.shared.clone(), spec.terminal_id.clone());
+            tokio::task::spawn_blocking(move || Jail::make(&shared, &id)).await??
+        };
+        let spawned = match env(&args.shared, &jail, spec, &args.scope)
+            .map_err(|e| e.to_string())
+            .and_then(|env| {
+                pty::spawn(
+                    &argv,
+                    &cwd(&args.shared, &jail, spec),
+                    env,
+                    cols,
+                    rows,
+                    jail.sandbox.confinement(),
+                )
+                .map_err(|e| format!("{}: {e}", argv[0]))
+            }) {
+            Ok(s) => s,
+            Err(e) => {
+                let scope = args.scope.clone();
+                let _ = tokio::task::spawn_blocking(move || jail.end(&scope)).await;
+                return Err(e.into());
+            }
+        };
         let output = pty::Output::new(args.shared.config.terminal_scrollback_bytes);
         let (poke, done) = (myself.clone(), myself.clone());
         let tx = pty::run(
             &spawned.master,
-            spawned.child,
+            spawned.exit,
             spawned.pid,
             output.clone(),
             args.scope.clone(),
@@ -505,6 +605,7 @@ impl Actor for TerminalActor {
             id: spec.terminal_id.clone(),
             terminals: args.terminals,
             scope: args.scope,
+            jail,
             pid: spawned.pid,
             created_at: now_rfc3339(),
             cols,
@@ -534,6 +635,10 @@ impl Actor for TerminalActor {
         if state.exit_code.is_none() {
             let _ = state.kill_tree().await;
         }
+        // Whatever the program left running dies with its cgroup, and the
+        // terminal's directories go.
+        let (jail, scope) = (state.jail.clone(), state.scope.clone());
+        let _ = tokio::task::spawn_blocking(move || jail.end(&scope)).await;
         for r in state.close_waiters.drain(..) {
             r.ok(&TerminalCloseResult {
                 closed: true,

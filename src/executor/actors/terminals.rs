@@ -187,11 +187,15 @@ impl TerminalsState {
             .iter()
             .find(|(_, e)| e.child == exit.id)
             .map(|(k, _)| k.clone());
-        let entry = key.and_then(|k| self.terminals.remove(&k));
+        let entry = key
+            .clone()
+            .and_then(|k| self.terminals.remove(&k).map(|e| (k, e)));
         if let Exit::Abnormal(why) = &exit.exit {
             tracing::warn!(terminal = %exit.id, error = %why, "terminal actor failed");
-            if let Some(e) = entry {
+            if let Some((id, e)) = entry {
+                let sandboxes = self.shared.sandboxes.clone();
                 tokio::task::spawn_blocking(move || {
+                    sandboxes.kill_named(&crate::sandbox::terminal_name(&id));
                     crate::process::sys::kill_scope(None, &e.scope)
                 });
             }

@@ -40,6 +40,8 @@ pub struct ToolArgs {
     /// Where the result goes.
     pub session: ActorRef<SessionMsg>,
     pub workspace: PathBuf,
+    /// The session's sandbox: what a `bash` call starts runs in it.
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
     pub params: ToolCallParams,
     /// The session's display, for `computer_*` calls (`None`: it could
     /// not start, and such a call fails with `display_error`).
@@ -224,7 +226,8 @@ impl Actor for ToolActor {
         let (progress_tx, mut progress_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let mut ctx = ToolContext::new(args.workspace, p.tool_call_id.clone());
         ctx.cancel = cancel.clone();
-        ctx.env = Arc::new(args.shared.config.child_env());
+        ctx.env = Arc::new(args.sandbox.child_env(args.shared.config.child_env()));
+        ctx.confine = args.sandbox.confinement();
         ctx.scope = tool_scope(&args.shared.instance, &p.session_id, &p.tool_call_id);
         ctx.progress = Some(progress_tx);
         ctx.inline_limit = args.shared.config.tool_inline_limit;

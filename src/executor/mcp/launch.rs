@@ -59,6 +59,7 @@ pub fn prepare(
     workspace: &Path,
     scope: &str,
     spec: &McpServerSpec,
+    sandbox: &crate::sandbox::Sandbox,
 ) -> Result<Launch, Refused> {
     let t = &spec.transport;
     match t.kind {
@@ -96,7 +97,7 @@ pub fn prepare(
                 Some(c) => crate::tools::boundary::resolve(workspace, c)
                     .map_err(|e| refused("workspace_boundary", format!("cwd: {e}")))?,
             };
-            let policy = shared.config.child_env();
+            let policy = sandbox.child_env(shared.config.child_env());
             let mut vars = t.env.clone().unwrap_or_default();
             if let Some(secret) = &t.secret_env {
                 // Checked by name like any variable; the values never

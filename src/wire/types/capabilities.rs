@@ -40,6 +40,10 @@ wire_struct! {
         /// say is taken to accept PROTOCOL.md's default 1 MiB.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub max_frame_bytes: Option<u64>,
+        /// `sandbox` (a bmx extension, issue 48): how sessions are
+        /// confined.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub sandbox: Option<SandboxCapability>,
         /// Members this version does not know, kept so a newer peer's
         /// advertisement survives a round trip.
         #[serde(flatten, default, skip_serializing_if = "JsonMap::is_empty")]
@@ -202,5 +206,44 @@ wire_struct! {
         pub permission_modes: Vec<String>,
         #[serde(default)]
         pub local_confirmation: bool,
+    }
+}
+
+wire_struct! {
+    /// `capabilities.sandbox` (a bmx extension, issue 48): what confines
+    /// each session on this executor, as the kernel enforces it.
+    /// `filesystem`: `landlock` or `none`; `cgroup`: `v2`, `hybrid`, `v1`
+    /// or `none` (containment: a session's processes end with it);
+    /// `network`: `full`, `none`, or `unenforced` (asked for, not
+    /// available); `scoped`: signals and abstract Unix sockets confined to
+    /// the session.
+    #[derive(Default)]
+    pub struct SandboxCapability {
+        pub filesystem: String,
+        pub cgroup: String,
+        pub network: String,
+        #[serde(default)]
+        pub scoped: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub landlock_abi: Option<u32>,
+        #[serde(default)]
+        pub limits: SandboxLimits,
+    }
+}
+
+wire_struct! {
+    /// The bounds: which this executor can enforce, and its own (every
+    /// session's, and the most `session.assign.metadata.sandbox` may ask).
+    #[derive(Default)]
+    pub struct SandboxLimits {
+        #[serde(default)]
+        pub available: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub memory_max: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pids_max: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(test, proptest(strategy = "proptest::option::of(0.01f64..1000.0)"))]
+        pub cpu_max: Option<f64>,
     }
 }

@@ -189,7 +189,7 @@ impl Output {
 /// A spawned program on a PTY.
 pub struct Spawned {
     pub pid: u32,
-    pub child: tokio::process::Child,
+    pub exit: crate::process::exits::Exit,
     pub master: OwnedFd,
 }
 
@@ -225,30 +225,49 @@ pub fn login_shell() -> String {
 /// Start `argv` on a new PTY of `cols`x`rows`, as the leader of a new
 /// session whose controlling terminal is the PTY (so job control, SIGWINCH
 /// and hangup behave as in a real terminal). The master is non-blocking.
+/// `confine`: the sandbox the program starts in (an executor terminal's);
+/// `None` for `bmx visor`'s sessions, which are the person's own.
 pub fn spawn(
     argv: &[String],
     cwd: &std::path::Path,
     env: Vec<(String, String)>,
     cols: u16,
     rows: u16,
+    confine: Option<Arc<crate::process::spawn::Confinement>>,
 ) -> std::io::Result<Spawned> {
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(cwd)
-        .env_clear()
-        .envs(env)
-        .kill_on_drop(false);
-    let master = sys::attach_pty(&mut cmd, cols, rows)?;
-    let child = sys::spawn_owned(|| {
-        let child = cmd.spawn()?;
-        let pid = child.id().unwrap_or(0);
-        Ok((child, pid))
-    })?;
-    // `cmd` holds the slave ends: drop them so the master reads EIO once
-    // the program and its children are gone.
-    drop(cmd);
-    let pid = child.id().unwrap_or(0);
-    Ok(Spawned { pid, child, master })
+    use crate::process::spawn::{Command, Group, Stdio};
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let program = match sys::resolve_program(&argv[0], path, cwd) {
+        Some(p) => p,
+        None if argv[0].contains('/') => cwd.join(&argv[0]),
+        None => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "not found in PATH",
+            ))
+        }
+    };
+    let (master, slave) = sys::open_pty(cols, rows)?;
+    let mut cmd = Command::new(&program, argv)?;
+    cmd.cwd(cwd)?
+        .env(env)?
+        .stdin(Stdio::Fd(slave.try_clone()?))
+        .stdout(Stdio::Fd(slave.try_clone()?))
+        .stderr(Stdio::Fd(slave))
+        .group(Group::Session { tty: true })
+        .run_as(confine.is_some())
+        .confine(confine);
+    // The slave ends go with `cmd`, so the master reads EIO once the
+    // program and its children are gone.
+    let child = cmd.spawn()?;
+    Ok(Spawned {
+        pid: child.pid,
+        exit: child.exit,
+        master,
+    })
 }
 
 fn winsize(cols: u16, rows: u16) -> nix::pty::Winsize {
@@ -292,7 +311,7 @@ const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `exited`. One wiring for executor terminals and visor PTY sessions.
 pub fn run(
     master: &OwnedFd,
-    mut child: tokio::process::Child,
+    exit: crate::process::exits::Exit,
     pid: u32,
     output: Arc<Output>,
     scope: String,
@@ -303,9 +322,7 @@ pub fn run(
     tokio::spawn(writer(master.try_clone()?, rx));
     let reader = tokio::spawn(reader(master.try_clone()?, output, poke));
     tokio::spawn(async move {
-        let status = child.wait().await;
-        sys::release_owned(pid);
-        let code = status.map(exit_code).unwrap_or(-1);
+        let code = exit.wait().await.map(exit_code).unwrap_or(-1);
         let p = pid as i32;
         let _ = tokio::task::spawn_blocking(move || sys::kill_tree(Some(p), Some(p), &scope)).await;
         let _ = tokio::time::timeout(DRAIN_WAIT, reader).await;
