@@ -215,8 +215,23 @@ fn open_store(
     }
 }
 
+/// `--api-token` (or `BMX_API_TOKEN`) must be long enough not to be
+/// guessed; empty means none (the loopback-only API).
+fn check_api_token(token: Option<&str>) -> Result<(), String> {
+    use bmx::harness::config::MIN_API_TOKEN_BYTES;
+    match token {
+        Some(t) if !t.is_empty() && t.len() < MIN_API_TOKEN_BYTES => Err(format!(
+            "--api-token (or BMX_API_TOKEN) is {} bytes: it must have at least \
+             {MIN_API_TOKEN_BYTES}; make one with `openssl rand -hex 32`",
+            t.len()
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl HarnessArgs {
     pub fn into_builder(self) -> Result<HarnessBuilder, String> {
+        check_api_token(self.api_token.as_deref())?;
         let mut tokens = Vec::new();
         for t in &self.tokens {
             tokens.push(parse_token(t)?);
@@ -234,6 +249,8 @@ impl HarnessArgs {
             .data_dir
             .clone()
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
+        // Ours alone, before anything is written there (issue 56).
+        bmx::harness::data_dir::prepare(&data_dir).map_err(|e| format!("--data-dir: {e}"))?;
         let (store, durable, replicas) = open_store(
             self.store.as_deref(),
             self.store_connections,
@@ -764,5 +781,17 @@ mod tests {
         );
         assert!(parse_agent("test=").is_err());
         assert!(parse_agent("=node").is_err());
+    }
+
+    #[test]
+    fn short_api_tokens_are_refused_naming_the_flag() {
+        let e = check_api_token(Some("apikey")).unwrap_err();
+        assert!(
+            e.contains("--api-token") && e.contains("openssl rand -hex 32"),
+            "{e}"
+        );
+        assert!(check_api_token(Some(&"x".repeat(16))).is_ok());
+        assert!(check_api_token(Some("")).is_ok(), "empty: no token");
+        assert!(check_api_token(None).is_ok());
     }
 }
