@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::text::{cell, say, warn_line};
+
 /// Run the harness: accept executors on `GET /v1/executor/connect` and serve
 /// the HTTP API (docs/api.md) on the same address.
 #[derive(Debug, Args)]
@@ -319,14 +321,14 @@ pub async fn run_harness(args: HarnessArgs) -> ExitCode {
     let builder = match args.into_builder() {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("bmx harness: {e}");
+            warn_line!("bmx harness: {e}");
             return ExitCode::from(2);
         }
     };
     let h = match builder.build().await {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("bmx harness: {e}");
+            warn_line!("bmx harness: {e}");
             return ExitCode::from(1);
         }
     };
@@ -365,7 +367,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
         match parse_agent(spec) {
             Ok(a) => agents.push(a),
             Err(e) => {
-                eprintln!("bmx up: {e}");
+                warn_line!("bmx up: {e}");
                 return ExitCode::from(2);
             }
         }
@@ -386,7 +388,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("bmx up: {}: {e}", data_dir.display());
+            warn_line!("bmx up: {}: {e}", data_dir.display());
             return ExitCode::from(1);
         }
     };
@@ -400,7 +402,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let h: HarnessHandle = match builder.build().await {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("bmx up: {e}");
+            warn_line!("bmx up: {e}");
             return ExitCode::from(1);
         }
     };
@@ -423,14 +425,14 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let signals = match bmx::executor::ShutdownSignals::install() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("bmx up: cannot install signal handlers: {e}");
+            warn_line!("bmx up: cannot install signal handlers: {e}");
             return ExitCode::from(1);
         }
     };
     let executor = match Executor::start(config).await {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("bmx up: {e}");
+            warn_line!("bmx up: {e}");
             h.shutdown().await;
             return ExitCode::from(1);
         }
@@ -439,7 +441,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
         .wait_for_executor(Some(&args.executor_id), Duration::from_secs(10))
         .await
     {
-        eprintln!("bmx up: the local executor did not register within 10 s");
+        warn_line!("bmx up: the local executor did not register within 10 s");
     }
     println!(
         "bmx up: API at {}/v1 (executor {:?} connected; Ctrl-C to stop)",
@@ -510,7 +512,7 @@ async fn pump(client: ApiClient, base: String, stream: &'static str) -> Result<V
         let data = r["data"].as_str().unwrap_or_default();
         let bytes = bmx::wire::blob::base64_decode(data).map_err(|e| e.to_string())?;
         if r["gap"] == true {
-            eprintln!("bmx exec: [{stream}: some output was dropped]");
+            warn_line!("bmx exec: [{stream}: some output was dropped]");
         }
         if !bytes.is_empty() {
             let res = if stream == "stdout" {
@@ -549,7 +551,7 @@ pub async fn run_exec(args: ExecArgs) -> ExitCode {
     let client = match ApiClient::new(&args.harness) {
         Ok(c) => c.token(args.api_token.clone()),
         Err(e) => {
-            eprintln!("bmx exec: {e}");
+            warn_line!("bmx exec: {e}");
             return ExitCode::from(2);
         }
     };
@@ -563,11 +565,11 @@ pub async fn run_exec(args: ExecArgs) -> ExitCode {
             match client.post("/v1/sessions", &body).await {
                 Ok((201, v)) => (v["sessionId"].as_str().unwrap_or_default().to_owned(), true),
                 Ok((_, v)) => {
-                    eprintln!("bmx exec: cannot create a session: {}", api_error(&v));
+                    warn_line!("bmx exec: cannot create a session: {}", api_error(&v));
                     return ExitCode::from(1);
                 }
                 Err(e) => {
-                    eprintln!("bmx exec: {}: {e}", args.harness);
+                    warn_line!("bmx exec: {}: {e}", args.harness);
                     return ExitCode::from(1);
                 }
             }
@@ -576,7 +578,7 @@ pub async fn run_exec(args: ExecArgs) -> ExitCode {
     let code = exec_in(&client, &session, &args).await;
     if created {
         if let Err(e) = client.delete(&format!("/v1/sessions/{session}")).await {
-            eprintln!("bmx exec: stopping session {session}: {e}");
+            warn_line!("bmx exec: stopping session {session}: {e}");
         }
     }
     ExitCode::from(code)
@@ -598,17 +600,17 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
     {
         Ok((200, v)) => v,
         Ok((_, v)) => {
-            eprintln!("bmx exec: cannot start the command: {}", api_error(&v));
+            warn_line!("bmx exec: cannot start the command: {}", api_error(&v));
             return 1;
         }
         Err(e) => {
-            eprintln!("bmx exec: {e}");
+            warn_line!("bmx exec: {e}");
             return 1;
         }
     };
     if state["state"] == "failed" {
         let msg = state["message"].as_str().unwrap_or("cannot start");
-        eprintln!("bmx exec: {msg}");
+        warn_line!("bmx exec: {msg}");
         return 127;
     }
     let out = tokio::spawn(pump(client.clone(), base.clone(), "stdout"));
@@ -631,7 +633,7 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
     let last = match (out, err) {
         (Ok(Ok(o)), Ok(Ok(_))) => o,
         (Ok(Err(e)), _) | (_, Ok(Err(e))) => {
-            eprintln!("bmx exec: {e}");
+            warn_line!("bmx exec: {e}");
             return 1;
         }
         _ => return 1,
@@ -646,7 +648,7 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
     let client = match ApiClient::new(&args.harness) {
         Ok(c) => c.token(args.api_token),
         Err(e) => {
-            eprintln!("bmx ps: {e}");
+            warn_line!("bmx ps: {e}");
             return ExitCode::from(2);
         }
     };
@@ -656,22 +658,26 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
     );
     let (execs, sessions) = match answers {
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("bmx ps: {}: {e}", args.harness);
+            warn_line!("bmx ps: {}: {e}", args.harness);
             return ExitCode::from(1);
         }
         (Ok((200, e)), Ok((200, s))) => (e, s),
         (Ok((_, v)), Ok((200, _))) | (Ok(_), Ok((_, v))) => {
-            eprintln!("bmx ps: {}", api_error(&v));
+            warn_line!("bmx ps: {}", api_error(&v));
             return ExitCode::from(1);
         }
     };
-    let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
-    println!(
+    // Escaped per cell (names and ids came from executors and clients).
+    let s = |v: &Value| cell(v, "-").into_owned();
+    say!(
         "{:<20} {:<24} {:<16} {:>8}  LAST HEARTBEAT",
-        "EXECUTOR", "CONNECTION", "NAME", "SESSIONS"
+        "EXECUTOR",
+        "CONNECTION",
+        "NAME",
+        "SESSIONS"
     );
     for e in execs["executors"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "{:<20} {:<24} {:<16} {:>8}  {}",
             s(&e["executorId"]),
             s(&e["connectionId"]),
@@ -680,13 +686,17 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
             s(&e["lastHeartbeatAt"]),
         );
     }
-    println!();
-    println!(
+    say!("");
+    say!(
         "{:<38} {:<20} {:<13} {:>6} {:>6}  CREATED",
-        "SESSION", "EXECUTOR", "STATE", "READY", "FENCE"
+        "SESSION",
+        "EXECUTOR",
+        "STATE",
+        "READY",
+        "FENCE"
     );
     for x in sessions["sessions"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "{:<38} {:<20} {:<13} {:>6} {:>6}  {}",
             s(&x["sessionId"]),
             s(&x["executorId"]),

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use text::warn_line;
 
 pub mod attach;
 pub mod bench;
@@ -15,6 +16,7 @@ pub mod run;
 pub mod scrub;
 pub mod status;
 pub mod targets;
+pub mod text;
 pub mod visor;
 
 /// bmx: an actor-model runtime for the executor protocol.
@@ -173,7 +175,7 @@ pub fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("bmx: cannot start the runtime: {e}");
+            warn_line!("bmx: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
