@@ -78,6 +78,11 @@ pub struct HarnessArgs {
     /// `pollIntervalMs` of enrollments (faster polls get `slow_down`).
     #[arg(long, default_value_t = 5000)]
     pub enrollment_poll_ms: u64,
+    /// A request body must arrive within this many seconds of its head
+    /// (longer bodies: at 256 KiB/s at least), else 408 and the
+    /// connection is closed.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_secs: u64,
 }
 
 /// Run a harness on 127.0.0.1 and one executor connected to it, until
@@ -262,7 +267,10 @@ impl HarnessArgs {
         // Artifacts (issue 15): content-addressed files under the data dir.
         let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
             .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;
+        let mut config = bmx::harness::HarnessConfig::default();
+        config.connections.body_timeout = Duration::from_secs(self.body_timeout_secs);
         let mut b = Harness::builder()
+            .config(config)
             .durable_state(durable)
             .blob_store(std::sync::Arc::new(blobs))
             .enrollment_store(store)

@@ -54,6 +54,10 @@ impl Deadline {
     }
 }
 
+/// What a body's reader is handed: a frame, an error, or the end.
+type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The error a timed-out body ends with.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body did not arrive in time")]
@@ -94,9 +98,7 @@ impl<B: Body> TimedBody<B> {
         self.start + self.rule.allowed(self.declared, self.received)
     }
 
-    fn expire(
-        &mut self,
-    ) -> Poll<Option<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>>> {
+    fn expire(&mut self) -> Polled {
         self.done = true;
         self.sleep = None;
         self.timed_out.store(true, Ordering::Release);
@@ -107,15 +109,12 @@ impl<B: Body> TimedBody<B> {
 impl<B> Body for TimedBody<B>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
         let this = self.get_mut();
         if this.done {
             return Poll::Ready(None);

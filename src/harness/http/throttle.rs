@@ -314,6 +314,13 @@ impl Throttles {
     }
 }
 
+/// What is left is logged when the harness stops (its router goes).
+impl Drop for Throttles {
+    fn drop(&mut self) {
+        self.log_summary();
+    }
+}
+
 /// Log the summary every `every` while `throttles` is in use (the task
 /// ends when the router holding it is dropped).
 pub(crate) fn log_periodically(throttles: &std::sync::Arc<Throttles>, every: Duration) {
