@@ -65,6 +65,22 @@ async fn call(
     (status, serde_json::from_slice(&b).unwrap_or(Value::Null))
 }
 
+/// A `bash` tool call in session `sid`: its answer.
+async fn bash(c: &reqwest::Client, api: &str, sid: &str, command: &str) -> (u16, Value) {
+    let body = json!({"tool": "bash", "input": {"command": command}});
+    call(
+        c,
+        reqwest::Method::POST,
+        format!("{api}/v1/sessions/{sid}/tools"),
+        Some(body.to_string().into_bytes()),
+    )
+    .await
+}
+
+async fn get(c: &reqwest::Client, url: &str) -> reqwest::Response {
+    c.get(url).bearer_auth(TOKEN).send().await.unwrap()
+}
+
 fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
     r.headers()
         .get(name)
@@ -110,15 +126,11 @@ async fn a_session_s_html_runs_nothing_in_a_real_browser() {
     .await;
     assert_eq!(s, 200, "{v}");
     // The agent also leaves it among the session's output files.
-    let (s, v) = call(
+    let (s, v) = bash(
         &c,
-        reqwest::Method::POST,
-        format!("{api}/v1/sessions/{sid}/tools"),
-        Some(
-            json!({"tool": "bash", "input": {"command": "mkdir -p outputs && cp uploads/report.html outputs/"}})
-                .to_string()
-                .into_bytes(),
-        ),
+        &api,
+        &sid,
+        "mkdir -p outputs && cp uploads/report.html outputs/",
     )
     .await;
     assert_eq!(s, 200, "{v}");
@@ -146,12 +158,7 @@ async fn a_session_s_html_runs_nothing_in_a_real_browser() {
 
     // What the harness answers: a sandboxed download, never HTML.
     for path in [&artifact, &output] {
-        let r = c
-            .get(format!("{api}{path}"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
+        let r = get(&c, &format!("{api}{path}")).await;
         assert_eq!(r.status(), 200, "{path}");
         assert_eq!(
             header(&r, "content-type"),
@@ -175,12 +182,7 @@ async fn a_session_s_html_runs_nothing_in_a_real_browser() {
     }
     // Every API answer carries the headers too (JSON, errors included).
     for (path, status) in [("/v1/executors", 200), ("/v1/sessions/nope", 404)] {
-        let r = c
-            .get(format!("{api}{path}"))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .unwrap();
+        let r = get(&c, &format!("{api}{path}")).await;
         assert_eq!(r.status(), status);
         assert_eq!(
             header(&r, "content-security-policy"),
@@ -217,17 +219,7 @@ async fn a_session_s_html_runs_nothing_in_a_real_browser() {
     assert_eq!(pwned.len(), 1, "{pwned:?}");
     assert_eq!(pwned[0]["metadata"]["pwned"], "/control/report.html");
     let control = pwned[0]["sessionId"].as_str().unwrap();
-    let (s, r) = call(
-        &c,
-        reqwest::Method::POST,
-        format!("{api}/v1/sessions/{control}/tools"),
-        Some(
-            json!({"tool": "bash", "input": {"command": "cat pwned.txt"}})
-                .to_string()
-                .into_bytes(),
-        ),
-    )
-    .await;
+    let (s, r) = bash(&c, &api, control, "cat pwned.txt").await;
     assert_eq!(s, 200, "{r}");
     assert!(r.to_string().contains("uid="), "the control's id ran: {r}");
 

@@ -8,7 +8,6 @@
 //! user's, is refused at start (exit 2, the flag named); files of an
 //! earlier run that were more open are made private.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -57,17 +56,7 @@ fn start(data: &Path) -> (Child, String) {
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let api = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no API URL in {line:?}"))
-        .trim_end_matches(',')
-        .trim_end_matches("/v1")
-        .to_owned();
+    let api = crate::security_common::api_url(&mut child);
     (child, api)
 }
 
