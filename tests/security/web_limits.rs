@@ -434,3 +434,38 @@ async fn stalled_bodies_are_cut_and_their_memory_returned() {
     assert_eq!(r.status(), 200);
     drop(harness);
 }
+
+#[test]
+fn a_short_api_token_is_refused_at_start() {
+    let data = tempfile::tempdir().unwrap();
+    for (how, args, env) in [
+        ("flag", vec!["--api-token", "apikey"], None),
+        ("env", vec![], Some("0123456789abcde")),
+    ] {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_bmx"));
+        c.args([
+            "harness",
+            "--listen",
+            "127.0.0.1:0",
+            "--token",
+            "e=short-token-exec-secret",
+        ])
+        .arg("--data-dir")
+        .arg(data.path())
+        .args(&args)
+        .env_remove("BMX_API_TOKEN")
+        .env("RUST_LOG", "error");
+        if let Some(t) = env {
+            c.env("BMX_API_TOKEN", t);
+        }
+        let out = c.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{how}: {err}");
+        assert!(
+            err.contains("--api-token")
+                && err.contains("at least 16")
+                && err.contains("openssl rand -hex 32"),
+            "{how}: {err}"
+        );
+    }
+}
