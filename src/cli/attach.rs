@@ -7,6 +7,7 @@
 //! reaches the remote program; only the detach sequence (Ctrl-P Ctrl-Q by
 //! default) is kept, and it leaves the terminal running.
 
+use super::text::warn_line;
 use bmx::client::{ApiClient, AttachOptions, ClientError, TerminalSocket};
 use bmx::harness::http::relay::close;
 use bmx::terminal::frame::{self, OP_INPUT, OP_OUTPUT, OP_SNAPSHOT};
@@ -298,12 +299,12 @@ pub async fn run(args: AttachArgs) -> ExitCode {
     let keys = match parse_detach_keys(&args.detach_keys) {
         Ok(k) => k,
         Err(e) => {
-            eprintln!("bmx attach: {e}");
+            warn_line!("bmx attach: {e}");
             return ExitCode::from(2);
         }
     };
     if args.terminal_id.is_some() && !args.command.is_empty() {
-        eprintln!("bmx attach: a command only applies to a new terminal (no TERMINAL_ID)");
+        warn_line!("bmx attach: a command only applies to a new terminal (no TERMINAL_ID)");
         return ExitCode::from(2);
     }
     let client = match ApiClient::new(&args.harness) {
@@ -311,14 +312,14 @@ pub async fn run(args: AttachArgs) -> ExitCode {
             .token(args.api_token.clone())
             .timeout(Duration::from_secs(60)),
         Err(e) => {
-            eprintln!("bmx attach: {e}");
+            warn_line!("bmx attach: {e}");
             return ExitCode::from(2);
         }
     };
     let executor = match pick_executor(&client, args.executor.clone()).await {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("bmx attach: {}: {e}", args.harness);
+            warn_line!("bmx attach: {}: {e}", args.harness);
             return ExitCode::from(1);
         }
     };
@@ -339,11 +340,11 @@ pub async fn run(args: AttachArgs) -> ExitCode {
                     false,
                 ),
                 Ok((_, v)) => {
-                    eprintln!("bmx attach: cannot open a terminal: {}", api_error(&v));
+                    warn_line!("bmx attach: cannot open a terminal: {}", api_error(&v));
                     return ExitCode::from(1);
                 }
                 Err(e) => {
-                    eprintln!("bmx attach: {}: {e}", args.harness);
+                    warn_line!("bmx attach: {}: {e}", args.harness);
                     return ExitCode::from(1);
                 }
             }
@@ -357,14 +358,14 @@ pub async fn run(args: AttachArgs) -> ExitCode {
     let ws = match client.attach_terminal(&executor, &terminal_id, &opts).await {
         Ok(ws) => ws,
         Err(ClientError::Refused { body, .. }) => {
-            eprintln!(
+            warn_line!(
                 "bmx attach: cannot attach to {terminal_id:?}: {}",
                 api_error(&body)
             );
             return ExitCode::from(1);
         }
         Err(e) => {
-            eprintln!("bmx attach: {e}");
+            warn_line!("bmx attach: {e}");
             return ExitCode::from(1);
         }
     };
@@ -381,20 +382,24 @@ pub async fn run(args: AttachArgs) -> ExitCode {
     let again = format!("bmx attach --executor {executor} {terminal_id}");
     match end {
         End::Detached => {
-            eprintln!("\r\nbmx attach: detached from terminal {terminal_id} (still running); re-attach with: {again}");
+            eprint!("\r\n");
+            warn_line!("bmx attach: detached from terminal {terminal_id} (still running); re-attach with: {again}");
             ExitCode::SUCCESS
         }
         End::Exited(c) => ExitCode::from((c & 0xff) as u8),
         End::Closed => {
-            eprintln!("\r\nbmx attach: terminal {terminal_id} was closed");
+            eprint!("\r\n");
+            warn_line!("bmx attach: terminal {terminal_id} was closed");
             ExitCode::from(1)
         }
         End::Signal(s) => {
-            eprintln!("\r\nbmx attach: signal {s}: detached; terminal {terminal_id} keeps running; re-attach with: {again}");
+            eprint!("\r\n");
+            warn_line!("bmx attach: signal {s}: detached; terminal {terminal_id} keeps running; re-attach with: {again}");
             ExitCode::from((128 + s).clamp(0, 255) as u8)
         }
         End::Lost(why) => {
-            eprintln!("\r\nbmx attach: {why}; re-attach with: {again}");
+            eprint!("\r\n");
+            warn_line!("bmx attach: {why}; re-attach with: {again}");
             ExitCode::from(1)
         }
     }

@@ -1,5 +1,6 @@
 //! `bmx bench`: benchmarks that measure the raw baseline in the same run.
 
+use super::text::warn_line;
 use crate::bench::{buffering, computer, events, harness, mcp, rfb, scale, spawn, turns, visor};
 use bmx::wire::Codec;
 use clap::{Subcommand, ValueEnum};
@@ -258,7 +259,7 @@ fn report<R: serde::Serialize, E: std::fmt::Display>(
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("bmx bench {name}: {e}");
+            warn_line!("bmx bench {name}: {e}");
             ExitCode::from(1)
         }
     }
@@ -410,7 +411,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
         } => match harness::peer_main(&listen, &tokens_file).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("bmx bench harness-peer: {e}");
+                warn_line!("bmx bench harness-peer: {e}");
                 ExitCode::from(1)
             }
         },
@@ -435,7 +436,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             match harness::load_main(&opts).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("bmx bench harness-load: {e}");
+                    warn_line!("bmx bench harness-load: {e}");
                     ExitCode::from(1)
                 }
             }
@@ -458,7 +459,7 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("bmx bench scale: {e}");
+                warn_line!("bmx bench scale: {e}");
                 ExitCode::from(1)
             }
         },

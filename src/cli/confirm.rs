@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::text::{one_line, say, say_json, warn_line};
+
 /// How long `bmx confirm` waits for the executor.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,16 +54,27 @@ fn socket(args: &ConfirmArgs) -> PathBuf {
     }
 }
 
+/// One waiting call, tab-separated. Each field is escaped on its own
+/// (the tabs between them are the format's): the tool, its input and the
+/// ids came from a session.
 fn human(p: &PendingView) {
-    println!(
+    say_tabbed(&format!(
         "{}\tsession {}\tcall {}\t{}\texpires in {} s\t{}",
-        p.id,
-        p.session_id,
-        p.tool_call_id,
-        p.tool,
+        one_line(&p.id),
+        one_line(&p.session_id),
+        one_line(&p.tool_call_id),
+        one_line(&p.tool),
         p.expires_in_ms.div_ceil(1000),
-        p.input
-    );
+        one_line(&p.input)
+    ));
+}
+
+/// A line whose fields are escaped already (a closed stdout is ignored).
+fn say_tabbed(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 pub async fn run(args: ConfirmArgs) -> ExitCode {
@@ -86,27 +99,27 @@ pub async fn run(args: ConfirmArgs) -> ExitCode {
     let answer: LocalResponse = match client::request(&path, &request, TIMEOUT).await {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("bmx confirm: {e}");
+            warn_line!("bmx confirm: {e}");
             return ExitCode::from(1);
         }
     };
     if let Some(e) = &answer.error {
-        eprintln!("bmx confirm: {}: {}", e.code, e.message);
+        warn_line!("bmx confirm: {}: {}", e.code, e.message);
         return ExitCode::from(1);
     }
     match (&args.command, answer) {
         (ConfirmCommand::Ls { .. }, a) => {
             let pending = a.pending.unwrap_or_default();
             if json {
-                println!("{}", serde_json::json!({ "pending": pending }));
+                say_json(&serde_json::json!({ "pending": pending }).to_string());
             } else if pending.is_empty() {
-                println!("no tool call is waiting for confirmation");
+                say!("no tool call is waiting for confirmation");
             } else {
                 pending.iter().for_each(human);
             }
         }
-        (ConfirmCommand::Allow { id }, _) => println!("allowed {id}"),
-        (ConfirmCommand::Deny { id }, _) => println!("denied {id}"),
+        (ConfirmCommand::Allow { id }, _) => say!("allowed {id}"),
+        (ConfirmCommand::Deny { id }, _) => say!("denied {id}"),
     }
     ExitCode::SUCCESS
 }

@@ -13,17 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// `println!` that ignores a closed stdout: the caller may have stopped
-/// reading, and the enrollment's outcome must still be saved and reported
-/// by the exit status.
-macro_rules! say {
-    ($($t:tt)*) => {{
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, $($t)*);
-        let _ = out.flush();
-    }};
-}
+use super::text::{cell, say, say_json, warn_line};
 
 /// Exit statuses of `bmx enroll`, one per terminal outcome.
 pub const EXIT_DENIED: u8 = 10;
@@ -111,7 +101,7 @@ fn client(harness: &str, token: Option<String>) -> Result<ApiClient, ExitCode> {
     ApiClient::new(harness)
         .map(|c| c.token(token).timeout(Duration::from_secs(30)))
         .map_err(|e| {
-            eprintln!("bmx: {harness}: {e}");
+            warn_line!("bmx: {harness}: {e}");
             ExitCode::from(2)
         })
 }
@@ -137,7 +127,7 @@ pub async fn run_enrollments(cmd: EnrollmentsCommand) -> ExitCode {
             match c.get(&path).await {
                 Ok((200, v)) => {
                     if a.json {
-                        say!("{}", Response::success(&v, None).to_line());
+                        say_json(&Response::success(&v, None).to_line());
                     } else {
                         say!(
                             "{:<10} {:<10} {:<20} {:<20} WORKSPACE",
@@ -147,13 +137,15 @@ pub async fn run_enrollments(cmd: EnrollmentsCommand) -> ExitCode {
                             "EXPIRES"
                         );
                         for e in v["enrollments"].as_array().into_iter().flatten() {
+                            // Escaped per cell, so the columns stay aligned
+                            // (an unauthenticated device chose displayName).
                             say!(
                                 "{:<10} {:<10} {:<20} {:<20} {}",
-                                e["userCode"].as_str().unwrap_or("-"),
-                                e["status"].as_str().unwrap_or("-"),
-                                e["displayName"].as_str().unwrap_or("-"),
-                                e["expiresAt"].as_str().unwrap_or("-"),
-                                e["workspace"].as_str().unwrap_or("-"),
+                                cell(&e["userCode"], "-"),
+                                cell(&e["status"], "-"),
+                                cell(&e["displayName"], "-"),
+                                cell(&e["expiresAt"], "-"),
+                                cell(&e["workspace"], "-"),
                             );
                         }
                     }
@@ -195,11 +187,11 @@ async fn decide(a: DecideArgs, verb: &str) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok((_, v)) => {
-            eprintln!("bmx enrollments {verb}: {}", api_message(&v));
+            warn_line!("bmx enrollments {verb}: {}", api_message(&v));
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("bmx enrollments {verb}: {}: {e}", a.harness);
+            warn_line!("bmx enrollments {verb}: {}: {e}", a.harness);
             ExitCode::from(1)
         }
     }
@@ -214,11 +206,11 @@ pub async fn run_credentials(cmd: CredentialsCommand) -> ExitCode {
             };
             match c.get("/v1/credentials").await {
                 Ok((200, v)) if a.json => {
-                    say!("{}", Response::success(&v, None).to_line());
+                    say_json(&Response::success(&v, None).to_line());
                     ExitCode::SUCCESS
                 }
                 Ok((200, v)) => {
-                    say!("{v}");
+                    say_json(&v.to_string());
                     ExitCode::SUCCESS
                 }
                 Ok((_, v)) => failed(a.json, "credentials ls", api_message(&v)),
@@ -242,11 +234,11 @@ pub async fn run_credentials(cmd: CredentialsCommand) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Ok((_, v)) => {
-                    eprintln!("bmx credentials revoke: {}", api_message(&v));
+                    warn_line!("bmx credentials revoke: {}", api_message(&v));
                     ExitCode::from(1)
                 }
                 Err(e) => {
-                    eprintln!("bmx credentials revoke: {}: {e}", a.harness);
+                    warn_line!("bmx credentials revoke: {}: {e}", a.harness);
                     ExitCode::from(1)
                 }
             }
@@ -280,7 +272,7 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
     let workspace = match std::fs::canonicalize(&args.workspace) {
         Ok(p) if p.is_dir() => p.to_string_lossy().into_owned(),
         _ => {
-            eprintln!(
+            warn_line!(
                 "bmx enroll: --workspace {}: not a directory",
                 args.workspace.display()
             );
@@ -293,18 +285,18 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
     };
     let store = CredentialStore::new(&bmx_home());
     if let Err(e) = store.path_for(&url) {
-        eprintln!("bmx enroll: {e}");
+        warn_line!("bmx enroll: {e}");
         return ExitCode::from(2);
     }
     let existing = match store.load(&url) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("bmx enroll: {e}");
+            warn_line!("bmx enroll: {e}");
             return ExitCode::from(1);
         }
     };
     if existing.credentials.contains_key(&workspace) && !args.replace {
-        eprintln!("bmx enroll: this executor already has an active local credential for {url} and {workspace} (use --replace to enroll again)");
+        warn_line!("bmx enroll: this executor already has an active local credential for {url} and {workspace} (use --replace to enroll again)");
         return ExitCode::from(EXIT_ACTIVE_CREDENTIAL);
     }
     let resumable = existing
@@ -327,11 +319,11 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
             let v = match api.post("/v1/enrollments", &body).await {
                 Ok((201, v)) => v,
                 Ok((_, v)) => {
-                    eprintln!("bmx enroll: the harness refused: {}", api_message(&v));
+                    warn_line!("bmx enroll: the harness refused: {}", api_message(&v));
                     return ExitCode::from(1);
                 }
                 Err(e) => {
-                    eprintln!("bmx enroll: {url}: {e}");
+                    warn_line!("bmx enroll: {url}: {e}");
                     return ExitCode::from(1);
                 }
             };
@@ -346,7 +338,7 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
             let (Some(device), Some(user), Some(expires)) =
                 (v["deviceCode"].as_str(), v["userCode"].as_str(), expires)
             else {
-                eprintln!("bmx enroll: the harness answered an unexpected enrollment");
+                warn_line!("bmx enroll: the harness answered an unexpected enrollment");
                 return ExitCode::from(1);
             };
             let p = PendingEnrollment {
@@ -366,7 +358,7 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
                 c.pending.insert(workspace.clone(), p.clone());
             });
             if let Err(e) = saved {
-                eprintln!("bmx enroll: cannot save the pending enrollment: {e}");
+                warn_line!("bmx enroll: cannot save the pending enrollment: {e}");
                 return ExitCode::from(1);
             }
             (p, false)
@@ -379,9 +371,9 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
         pending.user_code,
         pending.verification_url_complete
     );
-    say!(
-        "{}",
-        json!({"userCode": pending.user_code, "enrollmentId": pending.enrollment_id, "resumed": resumed})
+    say_json(
+        &json!({"userCode": pending.user_code, "enrollmentId": pending.enrollment_id, "resumed": resumed})
+            .to_string(),
     );
     poll_until_done(&api, &store, &url, &workspace, pending).await
 }
@@ -390,10 +382,10 @@ pub async fn run_enroll(args: EnrollArgs) -> ExitCode {
 /// one `TARGET_EXEC_FAILED` envelope line on stdout; exit 1.
 fn failed(json: bool, command: &str, message: String) -> ExitCode {
     use bmx::runner::envelope::{ErrorCode, ResponseError};
-    eprintln!("bmx {command}: {message}");
+    warn_line!("bmx {command}: {message}");
     if json {
         let error = ResponseError::new(ErrorCode::TargetExecFailed, message);
-        say!("{}", Response::failure(error, None).to_line());
+        say_json(&Response::failure(error, None).to_line());
     }
     ExitCode::from(1)
 }
@@ -429,7 +421,7 @@ async fn poll_until_done(
         // A little past the harness's deadline: its answer is the authority.
         if now_ms() > pending.expires_at_ms.saturating_add(30_000) {
             forget(store);
-            eprintln!("bmx enroll: the enrollment expired before it was approved (and the harness could not be reached to confirm)");
+            warn_line!("bmx enroll: the enrollment expired before it was approved (and the harness could not be reached to confirm)");
             return ExitCode::from(EXIT_EXPIRED);
         }
         tokio::time::sleep(interval).await;
@@ -438,12 +430,12 @@ async fn poll_until_done(
                 if c.pending.get(workspace).map(|p| &p.enrollment_id)
                     != Some(&pending.enrollment_id) =>
             {
-                eprintln!("bmx enroll: this enrollment was superseded by a newer local enrollment for {workspace}");
+                warn_line!("bmx enroll: this enrollment was superseded by a newer local enrollment for {workspace}");
                 return ExitCode::from(EXIT_SUPERSEDED);
             }
             Ok(_) => {}
             Err(e) => {
-                eprintln!("bmx enroll: {e}");
+                warn_line!("bmx enroll: {e}");
                 return ExitCode::from(1);
             }
         }
@@ -461,7 +453,7 @@ async fn poll_until_done(
             }
             Ok((404, _)) => {
                 forget(store);
-                eprintln!("bmx enroll: the harness does not know this enrollment (was its data directory reset?)");
+                warn_line!("bmx enroll: the harness does not know this enrollment (was its data directory reset?)");
                 return ExitCode::from(1);
             }
             Ok((status, v)) => {
@@ -482,7 +474,7 @@ async fn poll_until_done(
                     v["executorId"].as_str(),
                     v["token"].as_str(),
                 ) else {
-                    eprintln!("bmx enroll: the harness answered an approval without a credential");
+                    warn_line!("bmx enroll: the harness answered an approval without a credential");
                     return ExitCode::from(1);
                 };
                 let cred = LocalCredential {
@@ -496,7 +488,7 @@ async fn poll_until_done(
                     c.pending.remove(workspace);
                 });
                 if let Err(e) = saved {
-                    eprintln!("bmx enroll: approved, but the credential could not be saved: {e}");
+                    warn_line!("bmx enroll: approved, but the credential could not be saved: {e}");
                     return ExitCode::from(1);
                 }
                 say!("bmx enroll: approved: credential {cid}, executor {xid}; run: bmx executor --harness {url} --workspace {workspace}");
@@ -504,21 +496,21 @@ async fn poll_until_done(
             }
             Some("denied") => {
                 forget(store);
-                eprintln!("bmx enroll: the enrollment was denied by the operator");
+                warn_line!("bmx enroll: the enrollment was denied by the operator");
                 return ExitCode::from(EXIT_DENIED);
             }
             Some("expired") => {
                 forget(store);
-                eprintln!("bmx enroll: the enrollment expired before it was approved");
+                warn_line!("bmx enroll: the enrollment expired before it was approved");
                 return ExitCode::from(EXIT_EXPIRED);
             }
             Some("consumed") => {
                 forget(store);
-                eprintln!("bmx enroll: the credential of this enrollment was already handed out (to an earlier run that did not save it); enroll again");
+                warn_line!("bmx enroll: the credential of this enrollment was already handed out (to an earlier run that did not save it); enroll again");
                 return ExitCode::from(1);
             }
             _ => {
-                eprintln!("bmx enroll: unexpected answer {}", v["status"]);
+                warn_line!("bmx enroll: unexpected answer {}", v["status"]);
                 return ExitCode::from(1);
             }
         }

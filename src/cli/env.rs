@@ -9,6 +9,7 @@
 //! seed's blocked plans). Only an attempt that failed is `ok: false`.
 
 use super::json::answer;
+use super::text::say;
 use bmx::runner::control::{
     choose_port, current_exe, start_local, stop, START_DEADLINE, STOP_GRACE,
 };
@@ -235,23 +236,23 @@ fn print_human(s: &EnvironmentStatus) {
             (_, Some(r)) => format!("not done ({r}): {}", op.message.clone().unwrap_or_default()),
             _ => "not done".into(),
         };
-        println!("{} {}: {what}", op.operation, s.target.id);
+        say!("{} {}: {what}", op.operation, s.target.id);
     }
     let r = &s.runtime;
     let state = serde_json::to_value(r.state).unwrap_or_default();
-    print!("{}: {}", s.target.id, state.as_str().unwrap_or("-"));
+    let mut line = format!("{}: {}", s.target.id, state.as_str().unwrap_or("-"));
     if let Some(pid) = r.pid {
-        print!(" (pid {pid})");
+        line.push_str(&format!(" (pid {pid})"));
     }
     if let Some(u) = &r.local_ui_url {
-        print!(" {u}");
+        line.push_str(&format!(" {u}"));
     }
-    println!();
+    say!("{line}");
     if let Some(m) = &r.message {
-        println!("  {m}");
+        say!("  {m}");
     }
     if let Some(c) = r.failure_code {
-        println!(
+        say!(
             "  failure: {}",
             serde_json::to_value(c)
                 .unwrap_or_default()
@@ -260,16 +261,16 @@ fn print_human(s: &EnvironmentStatus) {
         );
     }
     if let Some(d) = &s.diagnostics {
-        println!("  lock: {} (held: {})", d.lock_path, d.lock_held);
+        say!("  lock: {} (held: {})", d.lock_path, d.lock_held);
         if let Some(p) = d.lock_pid {
-            println!(
+            say!(
                 "  lock pid: {p} (alive: {}), instance {}",
                 d.pid_alive,
                 d.lock_instance_id.as_deref().unwrap_or("-")
             );
         }
         if let Some(c) = &d.control_socket_path {
-            println!("  control socket: {c} (reachable: {})", d.socket_reachable);
+            say!("  control socket: {c} (reachable: {})", d.socket_reachable);
         }
     }
 }

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::text::{cell, say, warn_line};
+
 /// Run the harness: accept executors on `GET /v1/executor/connect` and serve
 /// the HTTP API (docs/api.md) on the same address.
 #[derive(Debug, Args)]
@@ -76,6 +78,11 @@ pub struct HarnessArgs {
     /// `pollIntervalMs` of enrollments (faster polls get `slow_down`).
     #[arg(long, default_value_t = 5000)]
     pub enrollment_poll_ms: u64,
+    /// A request body must arrive within this many seconds of its head
+    /// (longer bodies: at 256 KiB/s at least), else 408 and the
+    /// connection is closed.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub body_timeout_secs: u64,
 }
 
 /// Run a harness on 127.0.0.1 and one executor connected to it, until
@@ -217,8 +224,23 @@ fn open_store(
     }
 }
 
+/// `--api-token` (or `BMX_API_TOKEN`) must be long enough not to be
+/// guessed; empty means none (the loopback-only API).
+fn check_api_token(token: Option<&str>) -> Result<(), String> {
+    use bmx::harness::config::MIN_API_TOKEN_BYTES;
+    match token {
+        Some(t) if !t.is_empty() && t.len() < MIN_API_TOKEN_BYTES => Err(format!(
+            "--api-token (or BMX_API_TOKEN) is {} bytes: it must have at least \
+             {MIN_API_TOKEN_BYTES}; make one with `openssl rand -hex 32`",
+            t.len()
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl HarnessArgs {
     pub fn into_builder(self) -> Result<HarnessBuilder, String> {
+        check_api_token(self.api_token.as_deref())?;
         let mut tokens = Vec::new();
         for t in &self.tokens {
             tokens.push(parse_token(t)?);
@@ -236,6 +258,8 @@ impl HarnessArgs {
             .data_dir
             .clone()
             .unwrap_or_else(|| bmx::runner::credentials::bmx_home().join("harness"));
+        // Ours alone, before anything is written there (issue 56).
+        bmx::harness::data_dir::prepare(&data_dir).map_err(|e| format!("--data-dir: {e}"))?;
         let (store, durable, replicas) = open_store(
             self.store.as_deref(),
             self.store_connections,
@@ -245,7 +269,10 @@ impl HarnessArgs {
         // Artifacts (issue 15): content-addressed files under the data dir.
         let blobs = bmx::harness::blob::FsBlobStore::open(data_dir.join("blobs"), 1 << 30)
             .map_err(|e| format!("--data-dir {}: blobs: {e}", data_dir.display()))?;
+        let mut config = bmx::harness::HarnessConfig::default();
+        config.connections.body_timeout = Duration::from_secs(self.body_timeout_secs);
         let mut b = Harness::builder()
+            .config(config)
             .durable_state(durable)
             .blob_store(std::sync::Arc::new(blobs))
             .enrollment_store(store)
@@ -304,14 +331,14 @@ pub async fn run_harness(args: HarnessArgs) -> ExitCode {
     let builder = match args.into_builder() {
         Ok(b) => b,
         Err(e) => {
-            eprintln!("bmx harness: {e}");
+            warn_line!("bmx harness: {e}");
             return ExitCode::from(2);
         }
     };
     let h = match builder.build().await {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("bmx harness: {e}");
+            warn_line!("bmx harness: {e}");
             return ExitCode::from(1);
         }
     };
@@ -350,7 +377,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
         match parse_agent(spec) {
             Ok(a) => agents.push(a),
             Err(e) => {
-                eprintln!("bmx up: {e}");
+                warn_line!("bmx up: {e}");
                 return ExitCode::from(2);
             }
         }
@@ -371,7 +398,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("bmx up: {}: {e}", data_dir.display());
+            warn_line!("bmx up: {}: {e}", data_dir.display());
             return ExitCode::from(1);
         }
     };
@@ -385,7 +412,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let h: HarnessHandle = match builder.build().await {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("bmx up: {e}");
+            warn_line!("bmx up: {e}");
             return ExitCode::from(1);
         }
     };
@@ -430,14 +457,14 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
     let signals = match bmx::executor::ShutdownSignals::install() {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("bmx up: cannot install signal handlers: {e}");
+            warn_line!("bmx up: cannot install signal handlers: {e}");
             return ExitCode::from(1);
         }
     };
     let executor = match Executor::start(config).await {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("bmx up: {e}");
+            warn_line!("bmx up: {e}");
             h.shutdown().await;
             return ExitCode::from(1);
         }
@@ -446,7 +473,7 @@ pub async fn run_up(args: UpArgs) -> ExitCode {
         .wait_for_executor(Some(&args.executor_id), Duration::from_secs(10))
         .await
     {
-        eprintln!("bmx up: the local executor did not register within 10 s");
+        warn_line!("bmx up: the local executor did not register within 10 s");
     }
     println!(
         "bmx up: API at {}/v1 (executor {:?} connected; Ctrl-C to stop)",
@@ -517,7 +544,7 @@ async fn pump(client: ApiClient, base: String, stream: &'static str) -> Result<V
         let data = r["data"].as_str().unwrap_or_default();
         let bytes = bmx::wire::blob::base64_decode(data).map_err(|e| e.to_string())?;
         if r["gap"] == true {
-            eprintln!("bmx exec: [{stream}: some output was dropped]");
+            warn_line!("bmx exec: [{stream}: some output was dropped]");
         }
         if !bytes.is_empty() {
             let res = if stream == "stdout" {
@@ -556,7 +583,7 @@ pub async fn run_exec(args: ExecArgs) -> ExitCode {
     let client = match ApiClient::new(&args.harness) {
         Ok(c) => c.token(args.api_token.clone()),
         Err(e) => {
-            eprintln!("bmx exec: {e}");
+            warn_line!("bmx exec: {e}");
             return ExitCode::from(2);
         }
     };
@@ -570,11 +597,11 @@ pub async fn run_exec(args: ExecArgs) -> ExitCode {
             match client.post("/v1/sessions", &body).await {
                 Ok((201, v)) => (v["sessionId"].as_str().unwrap_or_default().to_owned(), true),
                 Ok((_, v)) => {
-                    eprintln!("bmx exec: cannot create a session: {}", api_error(&v));
+                    warn_line!("bmx exec: cannot create a session: {}", api_error(&v));
                     return ExitCode::from(1);
                 }
                 Err(e) => {
-                    eprintln!("bmx exec: {}: {e}", args.harness);
+                    warn_line!("bmx exec: {}: {e}", args.harness);
                     return ExitCode::from(1);
                 }
             }
@@ -583,7 +610,7 @@ pub async fn run_exec(args: ExecArgs) -> ExitCode {
     let code = exec_in(&client, &session, &args).await;
     if created {
         if let Err(e) = client.delete(&format!("/v1/sessions/{session}")).await {
-            eprintln!("bmx exec: stopping session {session}: {e}");
+            warn_line!("bmx exec: stopping session {session}: {e}");
         }
     }
     ExitCode::from(code)
@@ -605,17 +632,17 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
     {
         Ok((200, v)) => v,
         Ok((_, v)) => {
-            eprintln!("bmx exec: cannot start the command: {}", api_error(&v));
+            warn_line!("bmx exec: cannot start the command: {}", api_error(&v));
             return 1;
         }
         Err(e) => {
-            eprintln!("bmx exec: {e}");
+            warn_line!("bmx exec: {e}");
             return 1;
         }
     };
     if state["state"] == "failed" {
         let msg = state["message"].as_str().unwrap_or("cannot start");
-        eprintln!("bmx exec: {msg}");
+        warn_line!("bmx exec: {msg}");
         return 127;
     }
     let out = tokio::spawn(pump(client.clone(), base.clone(), "stdout"));
@@ -638,7 +665,7 @@ async fn exec_in(client: &ApiClient, session: &str, args: &ExecArgs) -> u8 {
     let last = match (out, err) {
         (Ok(Ok(o)), Ok(Ok(_))) => o,
         (Ok(Err(e)), _) | (_, Ok(Err(e))) => {
-            eprintln!("bmx exec: {e}");
+            warn_line!("bmx exec: {e}");
             return 1;
         }
         _ => return 1,
@@ -653,7 +680,7 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
     let client = match ApiClient::new(&args.harness) {
         Ok(c) => c.token(args.api_token),
         Err(e) => {
-            eprintln!("bmx ps: {e}");
+            warn_line!("bmx ps: {e}");
             return ExitCode::from(2);
         }
     };
@@ -663,22 +690,26 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
     );
     let (execs, sessions) = match answers {
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("bmx ps: {}: {e}", args.harness);
+            warn_line!("bmx ps: {}: {e}", args.harness);
             return ExitCode::from(1);
         }
         (Ok((200, e)), Ok((200, s))) => (e, s),
         (Ok((_, v)), Ok((200, _))) | (Ok(_), Ok((_, v))) => {
-            eprintln!("bmx ps: {}", api_error(&v));
+            warn_line!("bmx ps: {}", api_error(&v));
             return ExitCode::from(1);
         }
     };
-    let s = |v: &Value| v.as_str().unwrap_or("-").to_owned();
-    println!(
+    // Escaped per cell (names and ids came from executors and clients).
+    let s = |v: &Value| cell(v, "-").into_owned();
+    say!(
         "{:<20} {:<24} {:<16} {:>8}  LAST HEARTBEAT",
-        "EXECUTOR", "CONNECTION", "NAME", "SESSIONS"
+        "EXECUTOR",
+        "CONNECTION",
+        "NAME",
+        "SESSIONS"
     );
     for e in execs["executors"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "{:<20} {:<24} {:<16} {:>8}  {}",
             s(&e["executorId"]),
             s(&e["connectionId"]),
@@ -687,13 +718,17 @@ pub async fn run_ps(args: PsArgs) -> ExitCode {
             s(&e["lastHeartbeatAt"]),
         );
     }
-    println!();
-    println!(
+    say!("");
+    say!(
         "{:<38} {:<20} {:<13} {:>6} {:>6}  CREATED",
-        "SESSION", "EXECUTOR", "STATE", "READY", "FENCE"
+        "SESSION",
+        "EXECUTOR",
+        "STATE",
+        "READY",
+        "FENCE"
     );
     for x in sessions["sessions"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "{:<38} {:<20} {:<13} {:>6} {:>6}  {}",
             s(&x["sessionId"]),
             s(&x["executorId"]),
@@ -788,5 +823,17 @@ mod tests {
         );
         assert!(parse_agent("test=").is_err());
         assert!(parse_agent("=node").is_err());
+    }
+
+    #[test]
+    fn short_api_tokens_are_refused_naming_the_flag() {
+        let e = check_api_token(Some("apikey")).unwrap_err();
+        assert!(
+            e.contains("--api-token") && e.contains("openssl rand -hex 32"),
+            "{e}"
+        );
+        assert!(check_api_token(Some(&"x".repeat(16))).is_ok());
+        assert!(check_api_token(Some("")).is_ok(), "empty: no token");
+        assert!(check_api_token(None).is_ok());
     }
 }

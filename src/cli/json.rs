@@ -5,7 +5,6 @@
 
 use bmx::runner::envelope::{Response, ResponseError};
 use serde::Serialize;
-use std::io::Write;
 use std::process::ExitCode;
 
 /// Exit status of every `ok: false` answer.
@@ -26,9 +25,7 @@ pub fn answer<T: Serialize>(
                 Ok(data) => Response::success(data, target_id),
                 Err(e) => Response::failure(e.clone(), target_id),
             };
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{}", resp.to_line());
-            let _ = out.flush();
+            super::text::say_json(&resp.to_line());
             if resp.ok {
                 ExitCode::SUCCESS
             } else {
@@ -40,7 +37,7 @@ pub fn answer<T: Serialize>(
             ExitCode::SUCCESS
         }
         (false, Err(e)) => {
-            eprintln!("bmx {command}: {}: {}", e.code, e.message);
+            super::text::warn_line!("bmx {command}: {}: {}", e.code, e.message);
             ExitCode::from(EXIT_FAILED)
         }
     }

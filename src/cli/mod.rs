@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use text::warn_line;
 
 pub mod attach;
 pub mod bench;
@@ -16,6 +17,7 @@ pub mod sandbox;
 pub mod scrub;
 pub mod status;
 pub mod targets;
+pub mod text;
 pub mod visor;
 
 /// bmx: an actor-model runtime for the executor protocol.
@@ -174,7 +176,7 @@ pub fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("bmx: cannot start the runtime: {e}");
+            warn_line!("bmx: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };

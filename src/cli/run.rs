@@ -20,6 +20,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+use super::text::{self, warn_line};
+
 /// Run one agent turn and stream its output.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -181,14 +183,21 @@ fn api_error(v: &Value) -> String {
     }
 }
 
-fn out(text: &str) {
+/// The agent's text on stdout: its line breaks and tabs kept, every
+/// other control character escaped ([`text::lines`]): an agent's answer is
+/// text, not terminal commands.
+fn out(s: &str) {
     let mut o = std::io::stdout().lock();
-    let _ = o.write_all(text.as_bytes()).and_then(|_| o.flush());
+    let _ = o
+        .write_all(text::lines(s).as_bytes())
+        .and_then(|_| o.flush());
 }
 
-fn err_line(text: &str) {
+/// One line on stderr, escaped whole ([`text::one_line`]): tool names,
+/// inputs, error messages and ids in it came from the wire.
+fn err_line(s: &str) {
     let mut e = std::io::stderr().lock();
-    let _ = writeln!(e, "{text}").and_then(|_| e.flush());
+    let _ = writeln!(e, "{}", text::one_line(s)).and_then(|_| e.flush());
 }
 
 /// A short one-line rendering of a JSON value.
@@ -212,7 +221,10 @@ fn ask(question: &str) -> Option<&'static str> {
         return None;
     }
     loop {
-        eprint!("{question} [y]es once / [a]lways this session / [n]o: ");
+        eprint!(
+            "{} [y]es once / [a]lways this session / [n]o: ",
+            text::one_line(question)
+        );
         let _ = std::io::stderr().flush();
         let mut line = String::new();
         match std::io::stdin().read_line(&mut line) {
@@ -411,7 +423,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
     let client = match ApiClient::new(&args.harness) {
         Ok(c) => c.token(args.api_token.clone()),
         Err(e) => {
-            eprintln!("bmx run: {e}");
+            warn_line!("bmx run: {e}");
             return ExitCode::from(2);
         }
     };
@@ -421,7 +433,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
     {
         Ok(h) => h,
         Err(e) => {
-            eprintln!("bmx run: {e}");
+            warn_line!("bmx run: {e}");
             return ExitCode::from(2);
         }
     };
@@ -435,11 +447,11 @@ pub async fn run(args: RunArgs) -> ExitCode {
             match client.post("/v1/sessions", &body).await {
                 Ok((201, v)) => (v["sessionId"].as_str().unwrap_or_default().to_owned(), true),
                 Ok((_, v)) => {
-                    eprintln!("bmx run: cannot create a session: {}", api_error(&v));
+                    warn_line!("bmx run: cannot create a session: {}", api_error(&v));
                     return ExitCode::from(1);
                 }
                 Err(e) => {
-                    eprintln!("bmx run: {}: {e}", args.harness);
+                    warn_line!("bmx run: {}: {e}", args.harness);
                     return ExitCode::from(1);
                 }
             }
@@ -455,12 +467,13 @@ pub async fn run(args: RunArgs) -> ExitCode {
     let code = run_in(&ctx, &args).await;
     if created {
         if args.keep {
-            eprintln!(
+            warn_line!(
                 "bmx run: session {} kept (go on with --session {})",
-                ctx.session, ctx.session
+                ctx.session,
+                ctx.session
             );
         } else if let Err(e) = ctx.client.delete(&ctx.session_path()).await {
-            eprintln!("bmx run: stopping session {}: {e}", ctx.session);
+            warn_line!("bmx run: stopping session {}: {e}", ctx.session);
         }
     }
     ExitCode::from(code)
@@ -473,7 +486,7 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
             Ok(s) => s,
             Err(e) => {
-                eprintln!("bmx run: cannot listen for Ctrl-C: {e}");
+                warn_line!("bmx run: cannot listen for Ctrl-C: {e}");
                 return 1;
             }
         };
@@ -481,7 +494,7 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
     let (tx, mut rx) = mpsc::channel(1024);
     // Follow the stream first: nothing of the turn can be missed.
     if let Err(e) = ctx.connect(0, tx.clone()).await {
-        eprintln!("bmx run: cannot follow the session's events: {e}");
+        warn_line!("bmx run: cannot follow the session's events: {e}");
         return 1;
     }
     let mut config = json!({});
@@ -499,11 +512,11 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
     {
         Ok((201, _)) => {}
         Ok((_, v)) => {
-            eprintln!("bmx run: cannot start the turn: {}", api_error(&v));
+            warn_line!("bmx run: cannot start the turn: {}", api_error(&v));
             return 1;
         }
         Err(e) => {
-            eprintln!("bmx run: cannot start the turn: {e}");
+            warn_line!("bmx run: cannot start the turn: {e}");
             return 1;
         }
     }
@@ -516,15 +529,15 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
             f = rx.recv() => f,
             _ = interrupts.recv() => {
                 if canceling {
-                    eprintln!("bmx run: interrupted");
+                    warn_line!("bmx run: interrupted");
                     return 130;
                 }
                 canceling = true;
-                eprintln!("bmx run: canceling the turn (Ctrl-C again to leave now)");
+                warn_line!("bmx run: canceling the turn (Ctrl-C again to leave now)");
                 let path = format!("{}/turns/{}/cancel", ctx.session_path(), encode_component(&turn_id));
                 if let Ok((status, v)) = ctx.client.post(&path, &json!({"reason": "user"})).await {
                     if status != 200 {
-                        eprintln!("bmx run: cancel: {}", api_error(&v));
+                        warn_line!("bmx run: cancel: {}", api_error(&v));
                     }
                 }
                 continue;
@@ -547,12 +560,12 @@ async fn run_in(ctx: &Ctx, args: &RunArgs) -> u8 {
         };
         reconnects += 1;
         if reconnects > 10 {
-            eprintln!("bmx run: lost the event stream: {why}");
+            warn_line!("bmx run: lost the event stream: {why}");
             return 1;
         }
         tokio::time::sleep(Duration::from_millis(200 * u64::from(reconnects))).await;
         if let Err(e) = ctx.connect(turn.last, tx.clone()).await {
-            eprintln!("bmx run: reconnecting: {e}");
+            warn_line!("bmx run: reconnecting: {e}");
         }
         // Questions asked while the stream was away.
         if let Ok((200, v)) = ctx

@@ -4,6 +4,7 @@
 //! sessions of a harness, `bmx ps`.
 
 use super::json::answer;
+use super::text::say;
 use bmx::runner::environment::{RuntimeSummary, TargetStatus};
 use bmx::runner::state::{state_root, LOCAL_TARGET};
 use bmx::runner::targets::{environment_status, look};
@@ -49,17 +50,18 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         ))
     });
     answer(args.json, "status", Some(&args.target), result, |s| {
+        // State files and the runtime's messages: escaped like wire text.
         let state = serde_json::to_value(s.runtime.state).unwrap_or_default();
-        print!("{}: {}", s.target_id, state.as_str().unwrap_or("-"));
+        let mut line = format!("{}: {}", s.target_id, state.as_str().unwrap_or("-"));
         if let Some(pid) = s.runtime.pid {
-            print!(" (pid {pid})");
+            line.push_str(&format!(" (pid {pid})"));
         }
         if let Some(u) = &s.runtime.local_ui_url {
-            print!(" {u}");
+            line.push_str(&format!(" {u}"));
         }
-        println!();
+        say!("{line}");
         if let Some(m) = &s.runtime.message {
-            println!("  {m}");
+            say!("  {m}");
         }
     })
 }

@@ -2,6 +2,7 @@
 //! "Targets"): `local` always, then one per state dir.
 
 use super::json::answer;
+use super::text::{one_line, say};
 use bmx::runner::environment::TargetDescriptor;
 use bmx::runner::state::state_root;
 use bmx::runner::targets::discover;
@@ -33,19 +34,23 @@ pub async fn run(args: TargetsArgs) -> ExitCode {
         })
         .map(|targets| TargetCatalog { targets });
     answer(args.json, "targets", None, result, |c| {
-        println!(
+        say!(
             "{:<28} {:<20} {:<15} {:<28} LABEL",
-            "ID", "KIND", "STATUS", "CONTROL"
+            "ID",
+            "KIND",
+            "STATUS",
+            "CONTROL"
         );
         for t in &c.targets {
             let status = serde_json::to_value(t.status).unwrap_or_default();
-            println!(
+            // Read from state dirs: escaped per cell like wire text.
+            say!(
                 "{:<28} {:<20} {:<15} {:<28} {}",
-                t.id,
-                t.kind,
+                one_line(&t.id),
+                one_line(&t.kind),
                 status.as_str().unwrap_or("-"),
-                t.runtime_control_socket_path.as_deref().unwrap_or("-"),
-                t.label
+                one_line(t.runtime_control_socket_path.as_deref().unwrap_or("-")),
+                one_line(&t.label)
             );
         }
     })

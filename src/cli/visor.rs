@@ -3,6 +3,7 @@
 //! `workdir …`, `hook`), with human output or `--json`.
 
 use super::attach::{tty_size, RawMode};
+use super::text::{self, cell, say, say_json, warn_line};
 use bmx::visor::client::{self, ClientError};
 use bmx::visor::{home_dir, socket_path};
 use clap::{Args, Subcommand};
@@ -165,7 +166,7 @@ pub enum WorkdirCommand {
 }
 
 fn fail(e: ClientError) -> ExitCode {
-    eprintln!("bmx visor: {e}");
+    warn_line!("bmx visor: {e}");
     ExitCode::from(1)
 }
 
@@ -181,11 +182,19 @@ fn envelope(v: &Value) -> String {
 /// stderr too), exit 1.
 fn fail_json(e: ClientError) -> ExitCode {
     use bmx::runner::envelope::{ErrorCode, Response, ResponseError};
-    eprintln!("bmx visor: {e}");
+    warn_line!("bmx visor: {e}");
     let error = ResponseError::new(ErrorCode::TargetExecFailed, e.to_string());
     let line = Response::failure(error, Some(TARGET)).to_line();
-    println!("{line}");
+    say_json(&line);
     ExitCode::from(1)
+}
+
+/// Text that spans lines on stdout ([`text::lines`]).
+fn say_lines(s: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", text::lines(s));
+    let _ = out.flush();
 }
 
 fn enc(s: &str) -> String {
@@ -219,20 +228,24 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             };
             client::request(&socket, "GET", &path, None).await.map(|v| {
                 if json {
-                    println!("{}", envelope(&v));
+                    say_json(&envelope(&v));
                 } else {
-                    println!(
+                    say!(
                         "{:<16} {:<9} {:<8} {:>7}  TITLE",
-                        "ID", "STATE", "KIND", "PID"
+                        "ID",
+                        "STATE",
+                        "KIND",
+                        "PID"
                     );
                     for s in v["sessions"].as_array().into_iter().flatten() {
-                        println!(
+                        // Escaped per cell: a title is anyone's text.
+                        say!(
                             "{:<16} {:<9} {:<8} {:>7}  {}",
-                            s["id"].as_str().unwrap_or(""),
-                            s["state"].as_str().unwrap_or(""),
-                            s["kind"].as_str().unwrap_or(""),
+                            cell(&s["id"], ""),
+                            cell(&s["state"], ""),
+                            cell(&s["kind"], ""),
                             s["pid"].as_u64().map(|p| p.to_string()).unwrap_or_default(),
-                            s["title"].as_str().unwrap_or("")
+                            cell(&s["title"], "")
                         );
                     }
                 }
@@ -284,9 +297,9 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{}", envelope(&v));
+                        say_json(&envelope(&v));
                     } else {
-                        println!("{}", v["id"].as_str().unwrap_or(""));
+                        say!("{}", v["id"].as_str().unwrap_or(""));
                     }
                 })
         }
@@ -296,9 +309,9 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{}", envelope(&v));
+                        say_json(&envelope(&v));
                     } else {
-                        println!("{}", v["delivery"].as_str().unwrap_or(""));
+                        say!("{}", v["delivery"].as_str().unwrap_or(""));
                     }
                 })
         }
@@ -306,21 +319,26 @@ pub async fn run(args: VisorArgs) -> ExitCode {
             let path = format!("/v1/sessions/{}/screen", enc(&session));
             client::request(&socket, "GET", &path, None).await.map(|v| {
                 if json {
-                    println!("{}", envelope(&v));
+                    say_json(&envelope(&v));
                 } else if v["view"] == "chat" {
                     for t in v["turns"].as_array().into_iter().flatten() {
                         let tool = &t["tool"];
                         match t["role"].as_str().unwrap_or("") {
-                            "tool" => println!(
+                            "tool" => say!(
                                 "tool: {} ({})",
                                 t["text"].as_str().unwrap_or(""),
                                 tool["status"].as_str().unwrap_or("")
                             ),
-                            role => println!("{role}: {}", t["text"].as_str().unwrap_or("")),
+                            // A turn's text spans lines: kept, the rest escaped.
+                            role => say_lines(&format!(
+                                "{}: {}",
+                                text::one_line(role),
+                                t["text"].as_str().unwrap_or("")
+                            )),
                         }
                     }
                     for p in v["pending"].as_array().into_iter().flatten() {
-                        println!(
+                        say!(
                             "pending {}: {} {}",
                             p["id"].as_str().unwrap_or(""),
                             p["kind"].as_str().unwrap_or(""),
@@ -329,7 +347,7 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                     }
                 } else {
                     for l in v["lines"].as_array().into_iter().flatten() {
-                        println!("{}", l.as_str().unwrap_or("").trim_end());
+                        say!("{}", l.as_str().unwrap_or("").trim_end());
                     }
                 }
             })
@@ -340,9 +358,9 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{}", envelope(&v));
+                        say_json(&envelope(&v));
                     } else {
-                        println!(
+                        say!(
                             "{} {} (exit code {})",
                             v["id"].as_str().unwrap_or(""),
                             v["state"].as_str().unwrap_or(""),
@@ -357,10 +375,10 @@ pub async fn run(args: VisorArgs) -> ExitCode {
                 .await
                 .map(|v| {
                     if json {
-                        println!("{}", envelope(&v));
+                        say_json(&envelope(&v));
                     } else {
                         for id in v["purged"].as_array().into_iter().flatten() {
-                            println!("{}", id.as_str().unwrap_or(""));
+                            say!("{}", id.as_str().unwrap_or(""));
                         }
                     }
                 })
@@ -387,11 +405,11 @@ pub async fn run(args: VisorArgs) -> ExitCode {
 fn workdir_line(w: &Value) -> String {
     format!(
         "{:<15} {:<8} {:<8} {:<24} {}",
-        w["id"].as_str().unwrap_or(""),
-        w["state"].as_str().unwrap_or(""),
-        w["kind"].as_str().unwrap_or(""),
-        w["branch"].as_str().unwrap_or("-"),
-        w["path"].as_str().unwrap_or("")
+        cell(&w["id"], ""),
+        cell(&w["state"], ""),
+        cell(&w["kind"], ""),
+        cell(&w["branch"], "-"),
+        cell(&w["path"], "")
     )
 }
 
@@ -440,24 +458,27 @@ async fn workdir(
             let path = format!("/v1/workdirs/{}{}", enc(&id), force_q(force));
             let v = client::request(socket, "DELETE", &path, None).await?;
             if !json {
-                println!("removed {}", workdir_line(&v["removed"]));
+                say!("removed {}", workdir_line(&v["removed"]));
                 return Ok(());
             }
             (v, false)
         }
     };
     if json {
-        println!("{}", envelope(&v));
+        say_json(&envelope(&v));
     } else if list {
-        println!(
+        say!(
             "{:<15} {:<8} {:<8} {:<24} PATH",
-            "ID", "STATE", "KIND", "BRANCH"
+            "ID",
+            "STATE",
+            "KIND",
+            "BRANCH"
         );
         for w in v["workdirs"].as_array().into_iter().flatten() {
-            println!("{}", workdir_line(w));
+            say!("{}", workdir_line(w));
         }
     } else {
-        println!("{}", workdir_line(&v));
+        say!("{}", workdir_line(&v));
     }
     Ok(())
 }
@@ -507,7 +528,7 @@ async fn hook(
 ) -> ExitCode {
     use bmx::visor::hooks::{self, HookCall};
     let bad = |m: String| {
-        eprintln!("bmx visor hook: {m}");
+        warn_line!("bmx visor hook: {m}");
         ExitCode::from(1)
     };
     let payload = match read_payload(hooks::MAX_PAYLOAD).await {
@@ -530,7 +551,7 @@ async fn hook(
     match posted {
         Ok(Ok(v)) => {
             if json {
-                println!("{}", envelope(&v));
+                say_json(&envelope(&v));
             }
             ExitCode::SUCCESS
         }
@@ -540,10 +561,10 @@ async fn hook(
                 tokio::task::spawn_blocking(move || hooks::spool_append(&home, &call)).await;
             match spooled {
                 Ok(Ok(path)) => {
-                    eprintln!("bmx visor hook: no visor; spooled in {}", path.display());
+                    warn_line!("bmx visor hook: no visor; spooled in {}", path.display());
                     if json {
                         let v = json!({"spooled": true, "path": path.display().to_string()});
-                        println!("{}", envelope(&v));
+                        say_json(&envelope(&v));
                     }
                     ExitCode::SUCCESS
                 }
@@ -585,20 +606,20 @@ async fn events(
                 Some(Ok(Message::Text(t))) => {
                     if json {
                         let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
-                        println!("{}", envelope(&v));
+                        say_json(&envelope(&v));
                     } else {
                         let v: Value = serde_json::from_str(&t).unwrap_or(Value::Null);
                         let mut rest = v.as_object().cloned().unwrap_or_default();
                         for k in ["seq", "at", "session", "type"] {
                             rest.remove(k);
                         }
-                        println!("{:>6} {} {:<16} {:<14} {}", v["seq"], v["at"].as_str().unwrap_or(""),
+                        say!("{:>6} {} {:<16} {:<14} {}", v["seq"], v["at"].as_str().unwrap_or(""),
                             v["session"].as_str().unwrap_or(""), v["type"].as_str().unwrap_or(""), Value::Object(rest));
                     }
                 }
                 Some(Ok(Message::Close(_))) | None => return ExitCode::SUCCESS,
                 Some(Ok(_)) => {}
-                Some(Err(e)) => { eprintln!("bmx visor: {e}"); return ExitCode::from(1) }
+                Some(Err(e)) => { warn_line!("bmx visor: {e}"); return ExitCode::from(1) }
             },
             _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
         }
@@ -629,7 +650,7 @@ async fn serve(home: PathBuf, socket: PathBuf, confirm: Vec<PathBuf>) -> ExitCod
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("bmx visor: {e}");
+            warn_line!("bmx visor: {e}");
             ExitCode::from(1)
         }
     }
@@ -682,7 +703,7 @@ async fn attach(socket: &std::path::Path, session: &str) -> ExitCode {
     };
     let control = json!({"type": "control"}).to_string();
     if ws.send(Message::Text(control.into())).await.is_err() {
-        eprintln!("bmx visor: the visor closed the stream");
+        warn_line!("bmx visor: the visor closed the stream");
         return ExitCode::from(1);
     }
     if let Some((cols, rows)) = tty_size() {
@@ -748,7 +769,8 @@ async fn attach(socket: &std::path::Path, session: &str) -> ExitCode {
     drop(raw);
     let _ = ws.close(None).await;
     if !note.is_empty() {
-        eprintln!("\r\nbmx visor: {note}");
+        eprint!("\r\n");
+        warn_line!("bmx visor: {note}");
     }
     code
 }

@@ -108,7 +108,14 @@ pub struct HarnessConfig {
     /// Connection limits of the TCP listener (docs/security.md, issue 18
     /// finding 4): what an unauthenticated peer can hold.
     pub connections: ConnectionLimits,
+    /// Per-source limits on enrollments and failed credentials
+    /// (docs/security.md, "The web surface").
+    pub sources: SourceLimits,
 }
+
+/// The shortest API token accepted (bytes): a token anyone can guess
+/// in a day of tries is no token. `openssl rand -hex 32` makes a good one.
+pub const MIN_API_TOKEN_BYTES: usize = 16;
 
 /// What a peer may hold on the harness's TCP listener before it has shown
 /// a credential: without these, idle and half-sent-header sockets were
@@ -134,6 +141,14 @@ pub struct ConnectionLimits {
     /// must arrive within this of the upgrade (or the lease TTL, if
     /// shorter): else 4008.
     pub handshake_timeout: Duration,
+    /// A request body must have arrived whole within this of its head...
+    pub body_timeout: Duration,
+    /// ...or, for a body longer than `body_timeout` × this many bytes a
+    /// second, within its length divided by this rate. Past the deadline
+    /// the request is answered 408 and its connection closed, and what it
+    /// sent is freed: a peer cannot hold memory by sending most of a body
+    /// and stalling (issue 56).
+    pub min_body_rate: u64,
 }
 
 impl Default for ConnectionLimits {
@@ -143,6 +158,10 @@ impl Default for ConnectionLimits {
             idle_timeout: Duration::from_secs(5),
             max_unauthenticated: 512,
             handshake_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            // 64 MiB (the largest body: a skill or a session file) in
+            // 256 s; a 2 MiB body in the 30 s.
+            min_body_rate: 256 * 1024,
         }
     }
 }
@@ -185,6 +204,58 @@ impl Default for HarnessConfig {
             enrollment_ttl: Duration::from_secs(900),
             enrollment_poll_interval: Duration::from_secs(5),
             connections: ConnectionLimits::default(),
+            sources: SourceLimits::default(),
+        }
+    }
+}
+
+/// A token bucket's shape: `burst` at once, then one more per `every`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub burst: u32,
+    pub every: Duration,
+}
+
+/// The harness's per-source limits (`HarnessConfig::sources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceLimits {
+    /// Failed credentials a source may show (API token, console login,
+    /// executor token, tickets): then one more per `every`; past it, 429.
+    pub auth_failures: Rate,
+    /// `POST /v1/enrollments` per source.
+    pub enroll_create: Rate,
+    /// `POST /v1/enrollments/poll` per source.
+    pub enroll_poll: Rate,
+    /// Pending enrollments one source may have at once.
+    pub pending_enrollments: usize,
+    /// Sources each limit remembers at most.
+    pub max_sources: usize,
+    /// How often the aggregate line about failures is logged.
+    pub log_every: Duration,
+}
+
+impl Default for SourceLimits {
+    fn default() -> Self {
+        SourceLimits {
+            // ~1 guess a second once the burst is spent; a client that
+            // mistypes a few times is never held up.
+            auth_failures: Rate {
+                burst: 30,
+                every: Duration::from_secs(1),
+            },
+            enroll_create: Rate {
+                burst: 10,
+                every: Duration::from_secs(6),
+            },
+            // A device polls every 5 s (pollIntervalMs): 4 a second is
+            // twenty devices behind one address.
+            enroll_poll: Rate {
+                burst: 30,
+                every: Duration::from_millis(250),
+            },
+            pending_enrollments: 16,
+            max_sources: 4096,
+            log_every: Duration::from_secs(60),
         }
     }
 }

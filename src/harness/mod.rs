@@ -42,6 +42,7 @@ pub mod actors;
 pub mod api;
 pub mod blob;
 pub mod config;
+pub mod data_dir;
 pub mod enroll;
 pub mod error;
 pub mod events;
@@ -108,6 +109,9 @@ pub enum HarnessError {
     Spawn(String),
     #[error("{0}")]
     PublicUrl(String),
+    /// An API token anyone could guess (issue 56).
+    #[error("the API token (--api-token) is {0} bytes: it must have at least {min} (e.g. `openssl rand -hex 32`)", min = config::MIN_API_TOKEN_BYTES)]
+    ShortApiToken(usize),
 }
 
 /// Configures a harness; [`build`](HarnessBuilder::build) starts it.
@@ -257,6 +261,11 @@ impl HarnessBuilder {
         if config.api_token.is_none() && !config.allow_open_api && !config.listen.ip().is_loopback()
         {
             return Err(HarnessError::OpenApi(config.listen));
+        }
+        if let Some(t) = &config.api_token {
+            if t.expose().len() < config::MIN_API_TOKEN_BYTES {
+                return Err(HarnessError::ShortApiToken(t.expose().len()));
+            }
         }
         if self.tokens.is_empty() && self.authenticate.is_none() && self.enrollment_store.is_none()
         {

@@ -35,6 +35,75 @@ pub const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a call into a session actor may take.
 const CALL_MS: u64 = 20_000;
 
+/// The visor's Unix listener, answering only peers of the visor's own
+/// user (issue 56, item 6), like the executor's confirmation socket
+/// (`executor::confirm`): the socket file is 0600 in a 0700 directory,
+/// which keeps other users out, but not root, and root's answers would
+/// otherwise be taken (a confirmation the executor's own socket refuses
+/// to root). Every accepted connection's `SO_PEERCRED` uid must equal the
+/// visor's effective uid; another peer gets one 403 (`forbidden`) and the
+/// connection is closed before a request is read.
+pub struct OwnUserOnly {
+    listener: tokio::net::UnixListener,
+    uid: u32,
+}
+
+impl OwnUserOnly {
+    pub fn new(listener: tokio::net::UnixListener) -> OwnUserOnly {
+        OwnUserOnly {
+            listener,
+            uid: nix::unistd::geteuid().as_raw(),
+        }
+    }
+}
+
+/// What a refused peer reads.
+const FORBIDDEN_BODY: &str =
+    r#"{"error":{"code":"forbidden","message":"only the visor's own user may use this socket"}}"#;
+
+impl axum::serve::Listener for OwnUserOnly {
+    type Io = tokio::net::UnixStream;
+    type Addr = tokio::net::unix::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let (stream, addr) = match self.listener.accept().await {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: back off rather than spin.
+                    tracing::warn!(error = %e, "visor: accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let peer = stream.peer_cred().map(|c| c.uid());
+            if peer.as_ref().ok() == Some(&self.uid) {
+                return (stream, addr);
+            }
+            tracing::warn!(?peer, "visor socket: a peer of another user was refused");
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let mut stream = stream;
+                let answer = format!(
+                    "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n\
+                     connection: close\r\ncontent-length: {}\r\n\r\n{FORBIDDEN_BODY}",
+                    FORBIDDEN_BODY.len()
+                );
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    stream.write_all(answer.as_bytes()),
+                )
+                .await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
 type Visor_ = State<Arc<Visor>>;
 type ApiResult = Result<Response, VisorError>;
 

@@ -238,7 +238,7 @@ pub async fn serve(
     let app = http::router(visor.clone());
     let token = visor.shutdown.clone();
     let server = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
+        let _ = axum::serve(http::OwnUserOnly::new(listener), app)
             .with_graceful_shutdown(async move { token.cancelled().await })
             .await;
     });

@@ -558,7 +558,7 @@ async fn the_api_and_executors_are_served_on_the_api_unix_socket() {
         .listen("127.0.0.1:0".parse().unwrap())
         .api_unix(&path)
         .token("exec-u", "secret-u")
-        .api_token(Some("api-secret".into()))
+        .api_token(Some("api-secret-0123456789".into()))
         .build()
         .await
         .unwrap();
@@ -569,7 +569,7 @@ async fn the_api_and_executors_are_served_on_the_api_unix_socket() {
     assert_eq!(status, 401, "{v}");
     let (status, v) = unix_request(&path, "/v1/sessions", Some("wrong")).await;
     assert_eq!(status, 401, "{v}");
-    let (status, v) = unix_request(&path, "/v1/sessions", Some("api-secret")).await;
+    let (status, v) = unix_request(&path, "/v1/sessions", Some("api-secret-0123456789")).await;
     assert_eq!(status, 200, "{v}");
     assert!(v["sessions"].is_array(), "{v}");
     // The executors' upgrade route is one of the routes.
@@ -579,7 +579,7 @@ async fn the_api_and_executors_are_served_on_the_api_unix_socket() {
     let mut f = dial_endpoint(&endpoint, "secret-u").await.unwrap();
     assert_eq!(f.register(None).await.unwrap().executor_id, "exec-u");
     assert!(h.wait_for_executor(Some("exec-u"), WAIT).await);
-    let (status, v) = unix_request(&path, "/v1/executors", Some("api-secret")).await;
+    let (status, v) = unix_request(&path, "/v1/executors", Some("api-secret-0123456789")).await;
     assert_eq!(status, 200, "{v}");
     assert!(v.to_string().contains("exec-u"), "{v}");
     drop(f);
@@ -612,12 +612,12 @@ async fn a_second_harness_does_not_take_over_a_live_api_socket() {
             .listen("127.0.0.1:0".parse().unwrap())
             .api_unix(&path)
             .token("exec-u", "secret-u")
-            .api_token(Some("api-secret".into()))
+            .api_token(Some("api-secret-0123456789".into()))
             .build()
     };
     let first = build().await.unwrap();
     refused_in_use(build().await, &path, "the live socket was taken over");
-    let (status, _) = unix_request(&path, "/v1/sessions", Some("api-secret")).await;
+    let (status, _) = unix_request(&path, "/v1/sessions", Some("api-secret-0123456789")).await;
     assert_eq!(status, 200, "the first harness still serves it");
     first.shutdown().await;
 }
@@ -682,7 +682,7 @@ async fn api_errors_openapi_and_token() {
     let h = bmx::harness::Harness::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .token("exec-a", "secret-a")
-        .api_token(Some("api-secret".into()))
+        .api_token(Some("api-secret-0123456789".into()))
         .build()
         .await
         .unwrap();
@@ -690,7 +690,7 @@ async fn api_errors_openapi_and_token() {
     let (status, v) = anon.get("/v1/sessions").await.unwrap();
     assert_eq!(status, 401);
     assert_eq!(v["error"]["code"], -32001);
-    let client = anon.token(Some("api-secret".into()));
+    let client = anon.token(Some("api-secret-0123456789".into()));
     let (status, doc) = client.get("/v1/openapi.json").await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(doc["openapi"], "3.0.3");

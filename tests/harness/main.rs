@@ -13,6 +13,7 @@ mod artifacts;
 mod backups;
 mod cli;
 mod console;
+mod console_content;
 mod console_display;
 mod cores;
 mod disk_full;

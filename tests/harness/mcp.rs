@@ -1063,14 +1063,14 @@ async fn the_endpoint_needs_the_api_token() {
     let h = Harness::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .token("exec-a", "secret-a")
-        .api_token(Some("api-token".into()))
+        .api_token(Some("api-token-0123456789".into()))
         .heartbeat_ms(HEARTBEAT_MS)
         .lease_ttl_ms(TTL_MS)
         .build()
         .await
         .unwrap();
     let _fake = fake_mcp(&h, "secret-a", None).await;
-    let client = api(&h).token(Some("api-token".into()));
+    let client = api(&h).token(Some("api-token-0123456789".into()));
     let (status, v) = client
         .post(
             "/v1/sessions",
@@ -1097,7 +1097,7 @@ async fn the_endpoint_needs_the_api_token() {
         assert!(doc["paths"].get(path).is_some(), "{path} documented");
     }
     assert!(doc["paths"]["/v1/sessions/{id}/mcp/{serverKey}"]["delete"].is_object());
-    c.token = Some("api-token".into());
+    c.token = Some("api-token-0123456789".into());
     c.initialize().await;
     let r = c
         .call(

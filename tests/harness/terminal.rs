@@ -449,7 +449,7 @@ async fn unknown_executors_terminals_and_bad_input_are_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_token_guards_attach_but_not_the_relay() {
-    let r = rig_with("exec-t5", Some("api-secret")).await;
+    let r = rig_with("exec-t5", Some("api-secret-0123456789")).await;
     r.open("exec-t5", json!({"terminalId": "a", "argv": sh()}))
         .await;
     let anonymous = ApiClient::new(&r.h.api_url()).unwrap();

@@ -635,7 +635,7 @@ async fn routes_need_the_api_token() {
     let h = bmx::harness::Harness::builder()
         .listen("127.0.0.1:0".parse().unwrap())
         .token("exec-a", "secret-a")
-        .api_token(Some("api-secret".into()))
+        .api_token(Some("api-secret-0123456789".into()))
         .build()
         .await
         .unwrap();
@@ -659,9 +659,15 @@ async fn routes_need_the_api_token() {
     }
     let s = sse(&h, "/v1/sessions/s/events", None, None).await;
     assert_eq!(s.status, 401);
-    let s = sse(&h, "/v1/sessions/s/events", None, Some("api-secret")).await;
+    let s = sse(
+        &h,
+        "/v1/sessions/s/events",
+        None,
+        Some("api-secret-0123456789"),
+    )
+    .await;
     assert_eq!(s.status, 404);
-    let client = anon.token(Some("api-secret".into()));
+    let client = anon.token(Some("api-secret-0123456789".into()));
     let (_, doc) = client.get("/v1/openapi.json").await.unwrap();
     for p in [
         "/v1/sessions/{id}/turns",

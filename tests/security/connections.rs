@@ -33,7 +33,7 @@ async fn harness(limits: ConnectionLimits) -> HarnessHandle {
     Harness::builder()
         .config(config)
         .token("exec-a", "secret-a")
-        .api_token(Some("api-secret".into()))
+        .api_token(Some("api-secret-0123456789".into()))
         .build()
         .await
         .expect("harness starts")
@@ -45,6 +45,8 @@ fn limits() -> ConnectionLimits {
         idle_timeout: FAR,
         max_unauthenticated: 100_000,
         handshake_timeout: FAR,
+        body_timeout: FAR,
+        min_body_rate: ConnectionLimits::default().min_body_rate,
     }
 }
 
@@ -66,7 +68,7 @@ async fn closed_by_server(s: &mut TcpStream, within: Duration) -> bool {
 /// `GET /v1/health` with the API token on an open keep-alive socket: the
 /// whole response (read until its body).
 async fn keep_alive_health(s: &mut TcpStream) -> String {
-    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer api-secret\r\n\r\n")
+    s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer api-secret-0123456789\r\n\r\n")
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -85,7 +87,7 @@ async fn keep_alive_health(s: &mut TcpStream) -> String {
 /// `GET /v1/health` with the API token on a fresh connection: the status.
 async fn health(h: &HarnessHandle) -> u16 {
     let (status, _) = harness_common::api(h)
-        .token(Some("api-secret".into()))
+        .token(Some("api-secret-0123456789".into()))
         .get("/v1/health")
         .await
         .expect("health answers");

@@ -8,6 +8,8 @@ mod harness_common;
 mod security_common;
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../visor_support/mod.rs"]
+mod visor_support;
 
 mod connections;
 mod ids;
@@ -18,3 +20,8 @@ mod schemathesis;
 mod small;
 mod token;
 mod tools;
+mod web_data_dir;
+mod web_limits;
+mod web_rebinding;
+mod web_terminal;
+mod web_visor_peer;

@@ -53,17 +53,7 @@ impl Bmx {
         args.extend_from_slice(extra);
         let mut h = Bmx::spawn(&args, envs, rust_log);
         h._data = Some(data);
-        let mut out = BufReader::new(h.child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        // "bmx harness: API http://ADDR/v1, executors connect to ws://..."
-        let api = line
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no API URL in {line:?}"))
-            .trim_end_matches(',')
-            .trim_end_matches("/v1")
-            .to_owned();
+        let api = api_url(&mut h.child);
         (h, api)
     }
 
@@ -95,6 +85,21 @@ impl Drop for Bmx {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The API base URL (`http://ADDR`) of a `bmx harness` child, read from
+/// the first line it prints on its piped stdout once it listens.
+pub fn api_url(child: &mut Child) -> String {
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    // "bmx harness: API http://ADDR/v1, executors connect to ws://..."
+    line.split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no API URL in {line:?}"))
+        .trim_end_matches(',')
+        .trim_end_matches("/v1")
+        .to_owned()
 }
 
 /// One tool call in session `s1` on the stand-in's connection; its

@@ -53,6 +53,10 @@ pub enum EnrollError {
     /// [`MAX_PENDING`] enrollments are waiting already.
     #[error("too many pending enrollments ({0}): try again later")]
     TooManyPending(usize),
+    /// The caller's source has its own cap of pending enrollments waiting
+    /// already ([`Enrollments::create_from`]).
+    #[error("too many pending enrollments from this address ({0}): ask an operator to approve or deny them, or wait for them to expire")]
+    TooManyPendingHere(usize),
     #[error(transparent)]
     Decision(#[from] DecisionError),
     #[error(transparent)]
@@ -109,12 +113,51 @@ struct Live {
     hash: [u8; 32],
 }
 
+/// Pending enrollments by the source that created them, so one source
+/// cannot fill the table for everyone (issue 56). In memory: after a
+/// restart the enrollments made before it count only against the global
+/// cap. Bounded by it too: an entry exists only for a pending enrollment.
+#[derive(Default)]
+struct BySource {
+    /// Source → (enrollment id, expiry in Unix ms) of its pending ones.
+    pending: std::collections::HashMap<String, Vec<(String, u64)>>,
+}
+
+impl BySource {
+    /// Pending enrollments of `source` as of `now` (expired ones dropped,
+    /// for every source).
+    fn count(&mut self, source: &str, now: u64) -> usize {
+        self.pending.retain(|_, v| {
+            v.retain(|(_, exp)| *exp > now);
+            !v.is_empty()
+        });
+        self.pending.get(source).map_or(0, Vec::len)
+    }
+
+    fn add(&mut self, source: &str, id: &str, expires_ms: u64) {
+        self.pending
+            .entry(source.to_owned())
+            .or_default()
+            .push((id.to_owned(), expires_ms));
+    }
+
+    /// Enrollment `id` is pending no more.
+    fn decided(&mut self, id: &str) {
+        self.pending.retain(|_, v| {
+            v.retain(|(e, _)| e != id);
+            !v.is_empty()
+        });
+    }
+}
+
 /// The enrollment service of one harness.
 pub struct Enrollments {
     store: Arc<dyn Store>,
     /// Token hash → live (unrevoked) credential.
     live: DashMap<[u8; 32], Live>,
-    rmw: Mutex<()>,
+    /// Serializes every read-modify-write, and holds the pending
+    /// enrollments by source.
+    rmw: Mutex<BySource>,
     ttl: Duration,
     interval: Duration,
     max_pending: usize,
@@ -227,7 +270,7 @@ impl Enrollments {
         Ok(Enrollments {
             store,
             live,
-            rmw: Mutex::new(()),
+            rmw: Mutex::new(BySource::default()),
             ttl,
             interval,
             max_pending: MAX_PENDING,
@@ -240,7 +283,7 @@ impl Enrollments {
         self
     }
 
-    fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
+    fn guard(&self) -> std::sync::MutexGuard<'_, BySource> {
         self.rmw
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -260,9 +303,31 @@ impl Enrollments {
     ///
     /// # Errors
     ///
-    /// Oversized or empty fields; the store fails.
+    /// Oversized or empty fields; [`MAX_PENDING`] enrollments pending; the
+    /// store fails.
     pub fn create(
         &self,
+        workspace: &str,
+        display_name: &str,
+        fingerprint: &str,
+        api_base: &str,
+    ) -> Result<Created, EnrollError> {
+        self.create_from(None, workspace, display_name, fingerprint, api_base)
+    }
+
+    /// [`create`](Self::create) for a caller from `from = (source, cap)`:
+    /// `source` is an opaque key of where the request came from (the HTTP
+    /// layer passes the peer's address), and at most `cap` enrollments of
+    /// one source may be pending at once, so one source cannot lock the
+    /// others out by filling the global cap.
+    ///
+    /// # Errors
+    ///
+    /// As [`create`](Self::create); [`EnrollError::TooManyPendingHere`]
+    /// past the source's cap.
+    pub fn create_from(
+        &self,
+        from: Option<(&str, usize)>,
         workspace: &str,
         display_name: &str,
         fingerprint: &str,
@@ -280,7 +345,12 @@ impl Enrollments {
         }
         let now = unix_ms();
         let device_code = random_secret("bmxd_");
-        let _g = self.guard();
+        let mut book = self.guard();
+        if let Some((source, cap)) = from {
+            if book.count(source, now) >= cap {
+                return Err(EnrollError::TooManyPendingHere(cap));
+            }
+        }
         let pruned = self
             .store
             .prune_enrollments(now.saturating_sub(PRUNE_AFTER.as_millis() as u64))?;
@@ -308,6 +378,9 @@ impl Enrollments {
                 self.interval.as_millis() as u64,
             );
             self.store.put_enrollment(&e)?;
+            if let Some((source, _)) = from {
+                book.add(source, &e.id, e.expires_at_ms);
+            }
             tracing::info!(enrollment = %e.id, user_code = %e.user_code, "enrollment created");
             let url = format!("{api_base}/v1/enrollments?status=pending");
             return Ok(Created {
@@ -397,7 +470,7 @@ impl Enrollments {
     fn decide(&self, user_code: &str, approve: bool) -> Result<EnrollmentView, EnrollError> {
         let code = normalize_user_code(user_code).ok_or(EnrollError::NotFound("user code"))?;
         let now = unix_ms();
-        let _g = self.guard();
+        let mut book = self.guard();
         let mut e = self
             .store
             .enrollment_by_user_code(&code)?
@@ -415,6 +488,7 @@ impl Enrollments {
             return Err(err.into());
         }
         self.store.put_enrollment(&e)?;
+        book.decided(&e.id);
         tracing::info!(enrollment = %e.id, approved = approve, "enrollment decided");
         Ok(view(&e, now))
     }
@@ -530,6 +604,36 @@ mod tests {
         // Stored hashed only.
         let cred = &s.credentials().unwrap()[0];
         assert_eq!(cred.token_hash, hash_secret(&token));
+    }
+
+    #[test]
+    fn one_source_cannot_fill_the_table_for_the_others() {
+        let s = service();
+        for i in 0..3 {
+            s.create_from(
+                Some(("198.51.100.7", 3)),
+                &format!("/w{i}"),
+                "",
+                "",
+                "http://h",
+            )
+            .unwrap();
+        }
+        assert!(matches!(
+            s.create_from(Some(("198.51.100.7", 3)), "/w", "", "", "http://h"),
+            Err(EnrollError::TooManyPendingHere(3))
+        ));
+        // Another source still gets through.
+        let other = s
+            .create_from(Some(("203.0.113.9", 3)), "/w", "", "", "http://h")
+            .unwrap();
+        assert_eq!(other.poll_interval_ms, 0);
+        // A decision frees the source's slot.
+        let pending = s.list(Some(Status::Pending)).unwrap();
+        let first = pending.iter().find(|e| e.workspace == "/w0").unwrap();
+        s.deny(&first.user_code).unwrap();
+        s.create_from(Some(("198.51.100.7", 3)), "/w3", "", "", "http://h")
+            .unwrap();
     }
 
     #[test]

@@ -6,12 +6,18 @@
 //! a `rename(2)`: a reader sees no blob or the whole blob, never a part.
 //! Each write is fsynced before it is acknowledged, and the directory after
 //! a rename, so an acknowledged byte survives a crash of the harness.
+//!
+//! Private to the harness's user (issue 56): the root is made or checked
+//! by [`data_dir::prepare`], every directory is 0700 and every file 0600
+//! whatever the umask; directories of an earlier run are made 0700, which
+//! also hides the older files in them.
 
 use super::{BlobError, BlobReader, BlobStore, Digest};
+use crate::harness::data_dir;
 use async_trait::async_trait;
 use dashmap::DashMap;
 use sha2::Digest as _;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,11 +49,14 @@ impl FsBlobStore {
     ///
     /// # Errors
     ///
-    /// The directories cannot be created.
+    /// `root` is another user's or writable by others
+    /// ([`data_dir::prepare`]), or the directories cannot be created.
     pub fn open(root: impl Into<PathBuf>, max_bytes: u64) -> io::Result<FsBlobStore> {
         let root = root.into();
+        data_dir::prepare(&root)?;
+        data_dir::tighten(&root, 0o700)?;
         for d in ["sha256", "partial", "tmp"] {
-            std::fs::create_dir_all(root.join(d))?;
+            data_dir::private_subdir(&root.join(d))?;
         }
         if let Ok(entries) = std::fs::read_dir(root.join("tmp")) {
             for e in entries.flatten() {
@@ -109,7 +118,10 @@ fn append_file(partial: &Path, size: u64, offset: u64, data: &[u8]) -> Result<u6
             max: size,
         });
     }
-    let mut f = OpenOptions::new().create(true).append(true).open(partial)?;
+    let mut f = data_dir::private_file()
+        .create(true)
+        .append(true)
+        .open(partial)?;
     let current = f.metadata()?.len();
     if current != offset {
         return Err(BlobError::OffsetMismatch { offset, current });
@@ -152,7 +164,7 @@ fn hash_file(path: &Path) -> io::Result<(Digest, u64)> {
 /// directories involved.
 fn publish(from: &Path, to: &Path) -> io::Result<()> {
     let dir = to.parent().expect("blob paths have a parent");
-    std::fs::create_dir_all(dir)?;
+    data_dir::private_subdir(dir)?;
     std::fs::rename(from, to)?;
     fsync_dir(dir)?;
     if let Some(p) = dir.parent() {
@@ -269,7 +281,10 @@ impl BlobStore for FsBlobStore {
                 return Ok(());
             }
             let written = (|| {
-                let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+                let mut f = data_dir::private_file()
+                    .write(true)
+                    .create_new(true)
+                    .open(&tmp)?;
                 f.write_all(&data)?;
                 f.sync_all()
             })();

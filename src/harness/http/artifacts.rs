@@ -28,14 +28,19 @@ use tokio::io::AsyncReadExt;
 
 /// The largest chunk one `PATCH` may carry (below axum's 2 MiB body limit).
 pub const MAX_CHUNK: usize = 1 << 20;
+/// The largest `POST` declaring an upload (`{digest, sizeBytes, name,
+/// mimeType}`).
+const MAX_DECLARATION: usize = 16 * 1024;
 
-/// `200` with the whole blob `digest` as `application/octet-stream`,
-/// `ETag` = the digest, streamed 64 KiB at a time so memory stays bounded
-/// whatever its size (skill downloads, session output files). A blob the
-/// store no longer has is a 404 saying `gone`.
+/// `200` with the whole blob `digest`, `ETag` = the digest, streamed 64
+/// KiB at a time so memory stays bounded whatever its size (skill
+/// downloads, session output files), as a download named `name`
+/// ([`security_headers::session_content`](super::security_headers::session_content)).
+/// A blob the store no longer has is a 404 saying `gone`.
 pub(super) async fn whole_blob(
     app: &App,
     digest: &Digest,
+    name: &str,
     gone: &'static str,
 ) -> Result<Response, ApiError> {
     let blobs = artifacts::store(&app.shared)?;
@@ -59,13 +64,14 @@ pub(super) async fn whole_blob(
             Err(e) => Some((Err(e), reader)),
         }
     });
-    Ok(Response::builder()
+    let mut r = Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_LENGTH, size)
-        .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::ETAG, format!("\"{digest}\""))
         .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    super::security_headers::session_content(r.headers_mut(), name, None);
+    Ok(r)
 }
 
 fn ticket_of(headers: &HeaderMap, id: &str, app: &App) -> Result<Upload, ApiError> {
@@ -105,7 +111,10 @@ pub(super) async fn list(
 
 /// `GET /v1/artifacts/{id}`: the bytes, `ETag` = the digest (quoted),
 /// one `Range` at most (206, or 416 for a range outside the blob or one
-/// this route does not serve), `If-None-Match` → 304.
+/// this route does not serve), `If-None-Match` → 304. Always a download
+/// (`Content-Disposition: attachment`, CSP `sandbox`, the declared type
+/// only if inert: [`super::security_headers::session_content`]): a session
+/// chose these bytes and their name.
 pub(super) async fn download(
     State(app): State<App>,
     Path(id): Path<String>,
@@ -176,20 +185,37 @@ pub(super) async fn download(
         .status(status)
         .header(header::ETAG, &etag)
         .header(header::ACCEPT_RANGES, "bytes")
-        .header(header::CONTENT_LENGTH, end - start)
-        .header(header::CONTENT_TYPE, r.mime_type.as_str());
+        .header(header::CONTENT_LENGTH, end - start);
     if status == StatusCode::PARTIAL_CONTENT {
         b = b.header(
             header::CONTENT_RANGE,
             format!("bytes {start}-{}/{size}", end - 1),
         );
     }
-    Ok(b.body(Body::from_stream(stream))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+    let mut resp = b
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    super::security_headers::session_content(
+        resp.headers_mut(),
+        &r.name,
+        Some(r.mime_type.as_str()),
+    );
+    Ok(resp)
 }
 
 fn status(offset: u64, artifact: Option<crate::wire::types::ArtifactRef>) -> Response {
     Json(UploadStatus { offset, artifact }).into_response()
+}
+
+/// The body of an upload request whose ticket was checked first (issue
+/// 56: no body is read for a request without its credential).
+async fn ticketed_body(req: Request, max: usize) -> Result<Bytes, ApiError> {
+    super::limited_body(req, max, || {
+        ApiError::rpc(crate::wire::RpcError::payload_too_large(format!(
+            "at most {max} bytes"
+        )))
+    })
+    .await
 }
 
 /// `POST /v1/artifact-uploads/{ticket}`: declare (or re-declare after a
@@ -197,10 +223,10 @@ fn status(offset: u64, artifact: Option<crate::wire::types::ArtifactRef>) -> Res
 pub(super) async fn begin(
     State(app): State<App>,
     Path(ticket): Path<String>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let upload = ticket_of(&headers, &ticket, &app)?;
+    let upload = ticket_of(req.headers(), &ticket, &app)?;
+    let bytes = ticketed_body(req, MAX_DECLARATION).await?;
     let blobs = artifacts::store(&app.shared)?;
     let b: UploadBegin =
         serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
@@ -279,10 +305,10 @@ async fn commit(app: &App, session_id: &str, d: &Declared) -> Result<Response, A
 pub(super) async fn chunk(
     State(app): State<App>,
     Path(ticket): Path<String>,
-    headers: HeaderMap,
-    bytes: Bytes,
+    req: Request,
 ) -> Result<Response, ApiError> {
-    let upload = ticket_of(&headers, &ticket, &app)?;
+    let upload = ticket_of(req.headers(), &ticket, &app)?;
+    let headers = req.headers().clone();
     let blobs = artifacts::store(&app.shared)?;
     let Some(d) = upload.declared else {
         return Err(ApiError::rpc(crate::wire::RpcError::conflict(
@@ -290,11 +316,7 @@ pub(super) async fn chunk(
             "POST the upload's digest and size first",
         )));
     };
-    if bytes.len() > MAX_CHUNK {
-        return Err(ApiError::rpc(crate::wire::RpcError::payload_too_large(
-            format!("a chunk is at most {MAX_CHUNK} bytes"),
-        )));
-    }
+    let bytes = ticketed_body(req, MAX_CHUNK).await?;
     // Stored meanwhile (another upload of the same bytes finished first):
     // done, nothing to append.
     if blobs.stat(&d.digest).await.map_err(artifacts::blob_error)? == Some(d.size) {

@@ -3,6 +3,7 @@
 //! Store calls run on the blocking pool. Create and poll need no API
 //! token (the device has none yet); the rest is the operator's.
 
+use super::throttle::{EnrollRoute, Source};
 use super::App;
 use crate::harness::api::enrollments::{EnrollError, Enrollments};
 use crate::harness::enroll::Status;
@@ -16,9 +17,37 @@ use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
 
-/// Routes that authenticate the device by its own secret, not the API token.
-pub(crate) fn is_public(method: &http::Method, path: &str) -> bool {
-    method == http::Method::POST && (path == "/v1/enrollments" || path == "/v1/enrollments/poll")
+/// The routes a device calls before it holds any credential (create, and
+/// poll with its device code), which have per-source limits of their own.
+pub(crate) fn public_route(method: &http::Method, path: &str) -> Option<EnrollRoute> {
+    if method != http::Method::POST {
+        return None;
+    }
+    match path {
+        "/v1/enrollments" => Some(EnrollRoute::Create),
+        "/v1/enrollments/poll" => Some(EnrollRoute::Poll),
+        _ => None,
+    }
+}
+
+/// Largest body of the unauthenticated enrollment routes: a create holds
+/// at most 4 KiB of workspace and two 256-byte labels, even as JSON
+/// escapes. A larger body is refused by its declared length, or cut at
+/// this size, and never read whole.
+pub(crate) const MAX_BODY: usize = 32 * 1024;
+
+/// 429 for a source past its enrollment rate ([`SourceLimits`]
+/// (crate::harness::config::SourceLimits)), in the enrollment routes'
+/// error shape, with `Retry-After`.
+pub(crate) fn rate_limited(wait: std::time::Duration) -> Response {
+    let mut r = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        "too many enrollment requests from this address: try again later",
+    );
+    r.headers_mut()
+        .insert(http::header::RETRY_AFTER, super::retry_after(wait));
+    r
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -39,7 +68,7 @@ impl IntoResponse for EnrollError {
                 "slow_down",
                 "polling faster than pollIntervalMs",
             ),
-            EnrollError::TooManyPending(_) => error(
+            EnrollError::TooManyPending(_) | EnrollError::TooManyPendingHere(_) => error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_pending",
                 self.to_string(),
@@ -101,19 +130,27 @@ struct CreateBody {
     fingerprint: String,
 }
 
-pub(crate) async fn create(State(app): State<App>, bytes: Bytes) -> Response {
+pub(crate) async fn create(
+    State(app): State<App>,
+    source: Option<axum::Extension<Source>>,
+    bytes: Bytes,
+) -> Response {
     let run = async {
         let svc = service(&app)?;
         let b: CreateBody = parse(&bytes)?;
+        let source = source.map(|s| s.0.key());
+        let per_source = app.shared.config.sources.pending_enrollments;
         let base = app
             .shared
             .relay_base
             .get()
             .map(|r| api_base(r))
             .unwrap_or_default();
-        let created =
-            blocking(move || svc.create(&b.workspace, &b.display_name, &b.fingerprint, &base))
-                .await?;
+        let created = blocking(move || {
+            let from = source.as_deref().map(|s| (s, per_source));
+            svc.create_from(from, &b.workspace, &b.display_name, &b.fingerprint, &base)
+        })
+        .await?;
         Ok::<_, Response>((StatusCode::CREATED, Json(created)).into_response())
     };
     run.await.unwrap_or_else(|r| r)

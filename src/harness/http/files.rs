@@ -64,29 +64,12 @@ pub(super) async fn put_upload(
     };
     // A declared length over the limit is refused before a byte of the
     // body is read; a body without one is read at most to the limit.
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_UPLOAD_BYTES as u64) {
+    if super::declared_length(&req).is_some_and(|n| n > MAX_UPLOAD_BYTES as u64) {
         return Err(too_large());
     }
     crate::harness::api::files::check_file_path(&path)?;
     let if_match = precondition(req.headers())?;
-    let bytes = axum::body::to_bytes(req.into_body(), MAX_UPLOAD_BYTES)
-        .await
-        .map_err(|e| {
-            // The limit's error, or the client's connection failing.
-            if std::error::Error::source(&e)
-                .is_some_and(|s| s.to_string().contains("length limit exceeded"))
-                || e.to_string().contains("length limit exceeded")
-            {
-                too_large()
-            } else {
-                ApiError::bad_request(format!("body: {e}"))
-            }
-        })?;
+    let bytes = super::limited_body(req, MAX_UPLOAD_BYTES, too_large).await?;
     let r = app
         .sessions()
         .session(&id)
@@ -96,14 +79,15 @@ pub(super) async fn put_upload(
 }
 
 /// `GET /v1/sessions/{id}/files/outputs/{path}`: the file's bytes,
-/// `ETag` = its digest.
+/// `ETag` = its digest, as a download named after the file (a session
+/// wrote it).
 pub(super) async fn get_output(
     State(app): State<App>,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let r = app.sessions().session(&id).get_output(&path).await?;
     let digest = Digest::parse(&r.digest).map_err(artifacts::blob_error)?;
-    super::artifacts::whole_blob(&app, &digest, "the file's blob is gone").await
+    super::artifacts::whole_blob(&app, &digest, &path, "the file's blob is gone").await
 }
 
 #[cfg(test)]

@@ -11,7 +11,9 @@
 //! hold any number of idle or half-sent-header sockets forever (issue 18,
 //! finding 4).
 
+use super::body_deadline::{Deadline, TimedBody};
 use super::self_wake::RepollSelfWake;
+use super::throttle::Source;
 use crate::harness::config::ConnectionLimits;
 use crate::harness::{actors::connection, runtime::Shared};
 use crate::wire::transport;
@@ -20,7 +22,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -190,20 +192,24 @@ impl std::future::Future for IdleClock<'_> {
 /// A listening socket the router is served on.
 pub(crate) trait Accept: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    fn accept(&self) -> impl std::future::Future<Output = std::io::Result<Self::Io>> + Send;
+    /// The next connection and where it comes from (the per-source
+    /// limits count by it: [`Source`]).
+    fn accept(
+        &self,
+    ) -> impl std::future::Future<Output = std::io::Result<(Self::Io, Source)>> + Send;
 }
 
 impl Accept for TcpListener {
     type Io = tokio::net::TcpStream;
-    async fn accept(&self) -> std::io::Result<Self::Io> {
-        let (tcp, _) = TcpListener::accept(self).await?;
+    async fn accept(&self) -> std::io::Result<(Self::Io, Source)> {
+        let (tcp, peer) = TcpListener::accept(self).await?;
         // No Nagle: small frames to executors (a tool call, an MCP
         // message) would otherwise wait for the peer's delayed ACK (40 ms
         // on Linux) whenever an earlier one is unacknowledged.
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY");
         }
-        Ok(tcp)
+        Ok((tcp, Source::of(peer.ip())))
     }
 }
 
@@ -241,8 +247,11 @@ impl Drop for UnixSocket {
 
 impl Accept for UnixSocket {
     type Io = tokio::net::UnixStream;
-    async fn accept(&self) -> std::io::Result<Self::Io> {
-        self.listener.accept().await.map(|(s, _)| s)
+    async fn accept(&self) -> std::io::Result<(Self::Io, Source)> {
+        self.listener
+            .accept()
+            .await
+            .map(|(s, _)| (s, Source::Local))
     }
 }
 
@@ -263,8 +272,8 @@ pub(crate) async fn serve<L: Accept>(
             a = listener.accept() => a,
             _ = stop.cancelled() => break,
         };
-        let io = match accepted {
-            Ok(io) => io,
+        let (io, source) = match accepted {
+            Ok(a) => a,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning; the
                 // evictions and timeouts free descriptors meanwhile.
@@ -278,6 +287,7 @@ pub(crate) async fn serve<L: Accept>(
         // requests: polled again at once, not requeued (`self_wake`).
         tasks.spawn(RepollSelfWake::new(Box::pin(serve_connection(
             io,
+            source,
             router.clone(),
             pass,
             evicted,
@@ -322,9 +332,13 @@ fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// One HTTP/1.1 connection (upgrades included) under the limits.
+/// One HTTP/1.1 connection (upgrades included) under the limits. Every
+/// request carries the connection's [`ConnPass`] and [`Source`] in its
+/// extensions, and its body is a [`TimedBody`]: a body that misses its
+/// deadline gets 408 and the connection is closed.
 async fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     io: I,
+    source: Source,
     router: Router,
     pass: ConnPass,
     evicted: CancellationToken,
@@ -332,18 +346,29 @@ async fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     stop: CancellationToken,
 ) {
     let activity = Arc::new(Activity::new());
+    // One request at a time on an HTTP/1.1 connection: one flag for all.
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let deadline = Deadline::new(&limits);
     let inner = TowerToHyperService::new(router);
     let service = {
         let activity = activity.clone();
         let pass = pass.clone();
-        hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let mut req =
+                req.map(|b| TimedBody::new(b, deadline, Instant::now(), timed_out.clone()));
             req.extensions_mut().insert(pass.clone());
+            req.extensions_mut().insert(source);
             activity.begin();
             let fut = hyper::service::Service::call(&inner, req);
             let activity = activity.clone();
+            let timed_out = timed_out.clone();
             async move {
                 let r = fut.await;
                 activity.end();
+                if timed_out.swap(false, Ordering::AcqRel) {
+                    tracing::debug!(%source, "a request body missed its deadline: 408, closing");
+                    return Ok(body_timed_out());
+                }
                 r
             }
         })
@@ -388,6 +413,27 @@ async fn serve_connection<I: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     pass.gate.leave(pass.id);
 }
 
+/// The answer to a request whose body missed its deadline: 408, and the
+/// connection closes (the rest of the body is never read).
+fn body_timed_out() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut r = crate::harness::error::ApiError::with_status(
+        408,
+        crate::wire::RpcError::new(
+            crate::wire::ErrorCode::Timeout,
+            "the request body did not arrive in time",
+        )
+        .with_reason("body_timeout"),
+    )
+    .into_response();
+    r.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    super::security_headers::apply(r.headers_mut());
+    r
+}
+
 /// Bind `path` and accept executors on it until the harness shuts down.
 pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandle<()>> {
     let listener = UnixSocket::bind(path)?;
@@ -398,7 +444,7 @@ pub fn serve_unix(shared: Arc<Shared>, path: &Path) -> std::io::Result<JoinHandl
                 _ = shared.shutdown.cancelled() => break,
             };
             let stream = match accepted {
-                Ok(s) => s,
+                Ok((s, _)) => s,
                 Err(e) => {
                     tracing::warn!(error = %e, "unix accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;

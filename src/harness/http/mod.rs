@@ -1,6 +1,7 @@
 //! The HTTP API and the executors' upgrade route, on one axum router.
 
 pub mod artifacts;
+pub mod body_deadline;
 pub mod console;
 pub mod enrollments;
 pub mod files;
@@ -11,8 +12,10 @@ pub mod mcp;
 pub mod openapi;
 pub mod relay;
 pub mod rfb;
+pub mod security_headers;
 pub mod self_wake;
 pub mod skills;
+pub mod throttle;
 pub mod turns;
 
 use self::relay::AttachQuery;
@@ -41,6 +44,8 @@ pub(crate) struct App {
     pub shared: Arc<Shared>,
     /// The web console's browser sessions (issue 16).
     pub(crate) console: Arc<console::Console>,
+    /// Per-source limits (issue 56): failed credentials, enrollments.
+    pub(crate) throttles: Arc<throttle::Throttles>,
 }
 
 impl App {
@@ -58,10 +63,17 @@ impl App {
 }
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    let throttles = Arc::new(throttle::Throttles::new(&shared.config.sources));
+    throttle::log_periodically(&throttles, shared.config.sources.log_every);
     let app = App {
         shared,
         console: Arc::new(console::Console::new()),
+        throttles,
     };
+    // Routes anyone may send a body to get small body limits: a larger
+    // body is refused, never read whole (issue 56).
+    let login_limit = axum::extract::DefaultBodyLimit::max(console::MAX_LOGIN_BODY);
+    let enroll_limit = axum::extract::DefaultBodyLimit::max(enrollments::MAX_BODY);
     Router::new()
         .route(CONNECT_PATH, get(connect))
         .route("/", get(console::index))
@@ -69,8 +81,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             &format!("{}/{{hash}}/{{*path}}", console::assets::ASSETS_PATH),
             get(console::asset),
         )
-        .route("/console/login", post(console::login))
-        .route("/console/logout", post(console::logout))
+        .route("/console/login", post(console::login).layer(login_limit))
+        .route("/console/logout", post(console::logout).layer(login_limit))
         .route("/console/session", get(console::session))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/health", get(health))
@@ -79,9 +91,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/executors/{id}/drain", post(drain_executor))
         .route(
             "/v1/enrollments",
-            get(enrollments::list).post(enrollments::create),
+            get(enrollments::list)
+                .post(enrollments::create)
+                .layer(enroll_limit),
         )
-        .route("/v1/enrollments/poll", post(enrollments::poll))
+        .route(
+            "/v1/enrollments/poll",
+            post(enrollments::poll).layer(enroll_limit),
+        )
         .route("/v1/enrollments/approve", post(enrollments::approve))
         .route("/v1/enrollments/deny", post(enrollments::deny))
         .route("/v1/credentials", get(enrollments::credentials))
@@ -215,12 +232,14 @@ async fn metrics(State(app): State<App>) -> Response {
 /// Every request, routed or not, in this order: its span
 /// ([`request_span`]), authentication ([`api_auth`]), and JSON for the
 /// errors axum answers itself ([`json_errors`]); the response echoes the
-/// request id.
+/// request id and carries the security headers of every answer
+/// ([`security_headers::apply`]).
 async fn front(State(app): State<App>, req: Request, next: Next) -> Response {
     let (id, span) = request_span(&req);
     let mut resp = async move { json_errors(api_auth(&app, req, next).await) }
         .instrument(span)
         .await;
+    security_headers::apply(resp.headers_mut());
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("x-request-id", v);
     }
@@ -334,52 +353,205 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
             == 0
 }
 
+/// What a route asks of a request before its handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Checks a secret of its own (the executors' connect, the relays,
+    /// upload and download tickets), not the API token.
+    OwnSecret,
+    /// An enrollment route a device calls before it has a credential.
+    Enroll(throttle::EnrollRoute),
+    /// The console's page, assets, `/console/session` and logout.
+    ConsolePage,
+    /// `POST /console/login`: the API token in the body.
+    Login,
+    /// Everything else: the API token, or the console's cookie.
+    Api,
+}
+
+fn access(method: &http::Method, path: &str) -> Access {
+    if path == CONNECT_PATH
+        || path.starts_with(RELAYS)
+        || under(path, crate::harness::api::artifacts::UPLOAD_PATH)
+        || under(path, crate::harness::api::skills::DOWNLOAD_PATH)
+    {
+        return Access::OwnSecret;
+    }
+    if let Some(route) = enrollments::public_route(method, path) {
+        return Access::Enroll(route);
+    }
+    if path == "/console/login" {
+        return Access::Login;
+    }
+    if console::is_public(path) {
+        return Access::ConsolePage;
+    }
+    Access::Api
+}
+
+/// The `Content-Length` a request declares.
+fn declared_length(req: &Request) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// `--api-token`: every API route but the executors' (the connect route
 /// and the terminal relay, which have credentials of their own) needs
 /// `Authorization: Bearer <token>`, or the web console's session cookie
 /// (with its CSRF token on state-changing requests and the harness's own
 /// `Origin` on WebSockets: [`console::auth`]). Without an API token,
-/// requests from browser pages must come from this harness on a loopback
-/// host name.
+/// every request must come from this harness's own origin (if from a
+/// page) to a loopback host name ([`console::auth::open_mode`]).
+///
+/// Per source ([`throttle`]): a source that showed too many wrong
+/// credentials gets 429 on every request that shows one, before it is
+/// checked; enrollment routes have rates of their own; and a body larger
+/// than an unauthenticated route takes is refused by its declared length
+/// before it is read. A wrong credential (a 401 of a route that checks
+/// one) is counted against its source.
 ///
 /// A request that passes with a credential (or any request, when no API
 /// token is configured) takes its connection off the unauthenticated list of
 /// the listener's [`Gate`](listener::Gate).
 async fn api_auth(app: &App, req: Request, next: Next) -> Response {
     let pass = req.extensions().get::<listener::ConnPass>().cloned();
-    let path = req.uri().path();
-    let own_credential = path == CONNECT_PATH
-        || path.starts_with(RELAYS)
-        || under(path, crate::harness::api::artifacts::UPLOAD_PATH)
-        || under(path, crate::harness::api::skills::DOWNLOAD_PATH)
-        || enrollments::is_public(req.method(), path)
-        || console::is_public(path);
-    if own_credential {
-        if app.shared.config.api_token.is_none() {
-            if let Some(p) = pass {
-                p.authenticated();
-            }
-        }
-        return next.run(req).await;
-    }
-    // Bearer, or the console's cookie with its CSRF and Origin rules, or
-    // (no API token) the loopback rule for browser pages.
-    match app
-        .console
-        .check(&app.shared.config, req.method(), req.headers())
-    {
-        console::auth::Verdict::Pass => {
-            if let Some(p) = pass {
-                p.authenticated();
-            }
-        }
-        console::auth::Verdict::Unauthorized => return ApiError::unauthorized().into_response(),
-        console::auth::Verdict::Forbidden(r) => {
-            tracing::info!(reason = r.reason(), "browser request refused");
+    let source = req
+        .extensions()
+        .get::<throttle::Source>()
+        .copied()
+        .unwrap_or(throttle::Source::Local);
+    let local_socket = source == throttle::Source::Local;
+    let access = access(req.method(), req.uri().path());
+    let config = &app.shared.config;
+    let open = config.api_token.is_none();
+    if open {
+        let v = console::open_check(
+            config,
+            req.method(),
+            req.headers(),
+            access == Access::OwnSecret,
+            local_socket,
+        );
+        if let console::auth::Verdict::Forbidden(r) = v {
+            app.throttles.count(throttle::Event::Refused, source);
+            tracing::debug!(reason = r.reason(), "request refused without an API token");
             return console::forbidden(r).into_response();
         }
+        if let Some(p) = &pass {
+            p.authenticated();
+        }
     }
-    next.run(req).await
+    let shows_credential = match access {
+        Access::OwnSecret | Access::Login => true,
+        Access::Api => !open,
+        Access::Enroll(_) | Access::ConsolePage => false,
+    };
+    if shows_credential {
+        if let Some(wait) = app.throttles.blocked(source) {
+            app.throttles.count(throttle::Event::Throttled, source);
+            return too_many_failures(wait);
+        }
+    }
+    let body_limit = match access {
+        Access::Enroll(route) => {
+            if let Err(wait) = app.throttles.enroll(route, source) {
+                app.throttles.count(throttle::Event::Throttled, source);
+                return enrollments::rate_limited(wait);
+            }
+            Some(enrollments::MAX_BODY)
+        }
+        Access::Login | Access::ConsolePage => Some(console::MAX_LOGIN_BODY),
+        Access::Api if !open => {
+            // Bearer, or the console's cookie with its CSRF and Origin rules.
+            match app
+                .console
+                .check(config, req.method(), req.headers(), local_socket)
+            {
+                console::auth::Verdict::Pass => {
+                    if let Some(p) = &pass {
+                        p.authenticated();
+                    }
+                }
+                console::auth::Verdict::Unauthorized => {
+                    // A wrong Bearer token is a guess; a stale cookie
+                    // (256 random bits, forgotten at a restart) is not.
+                    if transport::bearer(req.headers()).is_some() {
+                        app.throttles.failed(source);
+                    }
+                    return ApiError::unauthorized().into_response();
+                }
+                console::auth::Verdict::Forbidden(r) => {
+                    app.throttles.count(throttle::Event::Refused, source);
+                    tracing::debug!(reason = r.reason(), "browser request refused");
+                    return console::forbidden(r).into_response();
+                }
+            }
+            None
+        }
+        Access::OwnSecret | Access::Api => None,
+    };
+    if let Some(max) = body_limit {
+        if declared_length(&req).is_some_and(|n| n > max as u64) {
+            return ApiError::rpc(crate::wire::RpcError::payload_too_large(format!(
+                "this route takes a body of at most {max} bytes"
+            )))
+            .into_response();
+        }
+    }
+    let resp = next.run(req).await;
+    if shows_credential && access != Access::Api && resp.status() == StatusCode::UNAUTHORIZED {
+        app.throttles.failed(source);
+    }
+    resp
+}
+
+/// A request's body, at most `max` bytes: one that declares more is
+/// refused before a byte of it is read, one without a declared length is
+/// read only up to the limit; either is `too_large()`. A body that breaks
+/// off (or misses its deadline: [`body_deadline`]) is a 400.
+pub(crate) async fn limited_body(
+    req: Request,
+    max: usize,
+    too_large: impl Fn() -> ApiError,
+) -> Result<Bytes, ApiError> {
+    if declared_length(&req).is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    axum::body::to_bytes(req.into_body(), max)
+        .await
+        .map_err(|e| {
+            let over = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if over {
+                too_large()
+            } else {
+                ApiError::bad_request(format!("body: {e}"))
+            }
+        })
+}
+
+/// 429 for a source out of failure budget, with when to try again.
+fn too_many_failures(wait: std::time::Duration) -> Response {
+    let mut r = ApiError::with_status(
+        429,
+        crate::wire::RpcError::new(
+            crate::wire::ErrorCode::ResourceUnavailable,
+            "too many wrong credentials from this address: try again later",
+        )
+        .with_reason("too_many_failures"),
+    )
+    .into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, retry_after(wait));
+    r
+}
+
+/// `Retry-After` in whole seconds, rounded up (at least 1).
+pub(crate) fn retry_after(wait: std::time::Duration) -> HeaderValue {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    HeaderValue::from(secs.max(1))
 }
 
 /// Whether `path` is below `prefix` (`prefix/…`): without allocating,
@@ -407,7 +579,8 @@ async fn connect(State(app): State<App>, req: Request) -> Response {
     let shared = app.shared.clone();
     let headers = req.headers();
     let Some(executor_id) = shared.authenticate(transport::bearer(headers)) else {
-        tracing::info!("executor upgrade refused: bad credential");
+        // Counted per source and logged in aggregate (`api_auth`).
+        tracing::debug!("executor upgrade refused: bad credential");
         return ApiError::unauthorized().into_response();
     };
     if let Some(p) = req.extensions().get::<listener::ConnPass>() {

@@ -199,6 +199,7 @@ fn conform(doc: &mut Value) {
                     count_queries(v);
                     continue;
                 }
+                let has_body = v.get("requestBody").is_some();
                 if let Some(params) = v.get_mut("parameters") {
                     count_queries(params);
                 }
@@ -211,6 +212,7 @@ fn conform(doc: &mut Value) {
                         err("an id in the path breaks the id rule (-32602, reason invalid_id)"),
                     );
                 }
+                web_surface(responses, has_body);
                 for r in responses.values_mut() {
                     if let Some(sse) = r.pointer_mut("/content/text~1event-stream") {
                         let what = sse["schema"]["$ref"]
@@ -228,6 +230,29 @@ fn conform(doc: &mut Value) {
         }
     }
     unsigned_inputs(doc);
+}
+
+/// The answers of the web surface's guards (issue 56), which any
+/// operation can give: 429 to a source that showed too many wrong
+/// credentials, 403 from the browser rules, 408 for a body that missed
+/// its deadline. Added to (or, for a status the operation documents for
+/// another reason, appended to) each operation's responses.
+fn web_surface(responses: &mut serde_json::Map<String, Value>, has_body: bool) {
+    let mut also = |status: &str, why: &str| match responses.get_mut(status) {
+        Some(r) => {
+            if let Some(d) = r["description"].as_str() {
+                r["description"] = json!(format!("{d}; or {why}"));
+            }
+        }
+        None => {
+            responses.insert(status.into(), err(why));
+        }
+    };
+    also("429", "too many wrong credentials from this address (-32015, reason too_many_failures; Retry-After says when to try again)");
+    also("403", "without an API token: a Host that is not a loopback name or a page of another origin (-32003, reason not_loopback, cross_origin); with the console's cookie: reason csrf, cross_origin, origin_required");
+    if has_body {
+        also("408", "the body did not arrive within the body timeout (-32008, reason body_timeout); the connection is closed");
+    }
 }
 
 /// Every integer a request body can hold is read as an unsigned number by

@@ -65,5 +65,5 @@ pub(super) async fn download(
         .skills
         .redeem(&token, transport::bearer(&headers))
         .ok_or_else(ApiError::unauthorized)?;
-    super::artifacts::whole_blob(&app, &digest, "the skill archive is gone").await
+    super::artifacts::whole_blob(&app, &digest, "skill-archive", "the skill archive is gone").await
 }

@@ -13,6 +13,7 @@ use super::{big, Credential, Store, StoreError};
 use crate::harness::enroll::{Enrollment, Status};
 use crate::harness::types::SessionInfo;
 use rusqlite::{params, Connection, OptionalExtension, Row};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -88,18 +89,30 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Open (creating) `<dir>/harness.db`; the directory is created 0700.
+    /// Open (creating) `<dir>/harness.db`. The directory is made or
+    /// checked by [`data_dir::prepare`](crate::harness::data_dir::prepare)
+    /// (0700 when created; refused when another user's or writable by
+    /// others); the database is created 0600 before SQLite opens it, and
+    /// SQLite gives its `-wal` and `-shm` files the database's mode. Files
+    /// of an earlier run that are more open are made 0600.
     ///
     /// # Errors
     ///
-    /// The directory or database cannot be created, or its schema is newer.
+    /// The directory is refused or cannot be created, the database cannot
+    /// be created, or its schema is newer.
     pub fn open_dir(dir: &Path) -> Result<SqliteStore, StoreError> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        Self::open(&dir.join("harness.db"))
+        use crate::harness::data_dir;
+        data_dir::prepare(dir).map_err(std::io::Error::from)?;
+        let db = dir.join("harness.db");
+        data_dir::private_file()
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&db)?;
+        for name in ["harness.db", "harness.db-wal", "harness.db-shm"] {
+            data_dir::tighten(&dir.join(name), 0o600)?;
+        }
+        Self::open(&db)
     }
 
     /// Open (creating) the database file at `path` and migrate it.

@@ -20,10 +20,13 @@
 //!
 //! Bearer requests are not ambient (the caller holds the token) and skip
 //! all three. Without an API token (the local `bmx up`, loopback only)
-//! there is nothing to log in with; then any request that carries an
-//! `Origin` (that is, comes from a browser page) must come from a page of
-//! this harness on a loopback host name, which shuts out both cross-site
-//! requests and DNS rebinding (a rebound name is not a loopback name).
+//! there is nothing to log in with, and being on loopback is the only
+//! protection; [`open_mode`] then refuses, on every route and method
+//! (WebSocket upgrades included), a request whose `Origin` is another
+//! origin than this harness (a cross-site page), and a request whose
+//! `Host` is not a loopback name (`localhost`, `127.x.x.x`, `[::1]`, with
+//! any port): a DNS-rebinding page's requests carry its own name, which
+//! resolved to 127.0.0.1 but is not a loopback name (issue 56, item 3).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -131,6 +134,10 @@ pub struct Policy<'a> {
     /// The origin of `--public-url` (`https://h.example`), accepted as
     /// the harness's own besides the one its `Host` header names.
     pub public_origin: Option<&'a str>,
+    /// `--allow-open-api`: the token-less API is served on the network by
+    /// choice, so `Host` names whatever the clients dial; only the
+    /// `Origin` rule holds then.
+    pub open_network: bool,
 }
 
 /// What a request shows, read from its headers.
@@ -147,6 +154,8 @@ pub struct Facts<'a> {
     pub csrf: Option<&'a str>,
     pub origin: Option<&'a str>,
     pub host: Option<&'a str>,
+    /// Came over the API's Unix socket, which no browser page can reach.
+    pub local_socket: bool,
 }
 
 /// Why a request is refused with 403.
@@ -181,7 +190,7 @@ impl Refusal {
                 "a state-changing request authenticated by cookie needs its x-csrf-token"
             }
             Refusal::NotLoopback => {
-                "without an API token the console answers only on a loopback host name"
+                "without an API token the harness answers only requests to a loopback host name"
             }
         }
     }
@@ -209,17 +218,7 @@ pub fn decide(
     csrf_of: impl FnOnce(&str) -> Option<String>,
 ) -> Verdict {
     let Some(token) = policy.token else {
-        // Open (loopback) mode: only browser pages of this harness.
-        return match f.origin {
-            None => Verdict::Pass,
-            Some(o) if !same_origin(o, f.host, policy.public_origin) => {
-                Verdict::Forbidden(Refusal::CrossOrigin)
-            }
-            Some(_) if !f.host.is_some_and(is_loopback_host) => {
-                Verdict::Forbidden(Refusal::NotLoopback)
-            }
-            Some(_) => Verdict::Pass,
-        };
+        return open_mode(policy, f, false);
     };
     if let Some(b) = f.bearer {
         return if super::super::same_secret(b, token) {
@@ -244,6 +243,27 @@ pub fn decide(
             .is_some_and(|c| super::super::same_secret(c, &expected))
     {
         return Verdict::Forbidden(Refusal::Csrf);
+    }
+    Verdict::Pass
+}
+
+/// The rule of a harness without an API token, for every request: a
+/// browser page of another origin is refused (`cross_origin`), and so is
+/// a request whose `Host` is not a loopback name (`not_loopback`), unless
+/// the host does not matter: `host_exempt` (a route that checks a secret
+/// of its own: the executors' connect, relays, upload and download
+/// tickets; being on loopback is not what protects those), the API's
+/// Unix socket, or `--allow-open-api`. A request without `Host` (HTTP/1.0)
+/// is not known to be for a loopback name and is refused.
+pub fn open_mode(policy: Policy<'_>, f: Facts<'_>, host_exempt: bool) -> Verdict {
+    if let Some(o) = f.origin {
+        if !same_origin(o, f.host, policy.public_origin) {
+            return Verdict::Forbidden(Refusal::CrossOrigin);
+        }
+    }
+    let host_matters = !(host_exempt || f.local_socket || policy.open_network);
+    if host_matters && !f.host.is_some_and(is_loopback_host) {
+        return Verdict::Forbidden(Refusal::NotLoopback);
     }
     Verdict::Pass
 }
@@ -349,6 +369,7 @@ mod tests {
         Policy {
             token: Some(TOKEN),
             public_origin: None,
+            open_network: false,
         }
     }
 
@@ -356,6 +377,7 @@ mod tests {
         Policy {
             token: None,
             public_origin: None,
+            open_network: false,
         }
     }
 
@@ -483,6 +505,7 @@ mod tests {
         let proxied = Policy {
             token: Some(TOKEN),
             public_origin: Some("https://bmx.example"),
+            open_network: false,
         };
         let via = Facts {
             origin: Some("https://bmx.example"),
@@ -557,6 +580,63 @@ mod tests {
             ..cli
         };
         assert_eq!(run(open(), localhost, &mut t, now), Verdict::Pass);
+    }
+
+    #[test]
+    fn without_a_token_the_host_must_be_a_loopback_name_on_every_method() {
+        let now = Instant::now();
+        let mut t = SessionTable::new(2, Duration::from_secs(60));
+        // No Origin at all (curl, or a rebound page's simple GET): the
+        // Host alone decides.
+        for unsafe_method in [false, true] {
+            for websocket in [false, true] {
+                let rebound = Facts {
+                    unsafe_method,
+                    websocket,
+                    host: Some("evil.example:7070"),
+                    ..Facts::default()
+                };
+                assert_eq!(
+                    run(open(), rebound, &mut t, now),
+                    Verdict::Forbidden(Refusal::NotLoopback)
+                );
+                let local = Facts {
+                    host: Some("[::1]:7070"),
+                    ..rebound
+                };
+                assert_eq!(run(open(), local, &mut t, now), Verdict::Pass);
+            }
+        }
+        let no_host = Facts::default();
+        assert_eq!(
+            run(open(), no_host, &mut t, now),
+            Verdict::Forbidden(Refusal::NotLoopback)
+        );
+        // Routes with a secret of their own, the Unix socket and
+        // --allow-open-api do not look at the Host; the Origin rule holds.
+        let evil = Facts {
+            host: Some("evil.example"),
+            ..Facts::default()
+        };
+        assert_eq!(open_mode(open(), evil, true), Verdict::Pass);
+        let unix = Facts {
+            local_socket: true,
+            ..evil
+        };
+        assert_eq!(open_mode(open(), unix, false), Verdict::Pass);
+        let network = Policy {
+            open_network: true,
+            ..open()
+        };
+        assert_eq!(open_mode(network, evil, false), Verdict::Pass);
+        let cross = Facts {
+            origin: Some("http://other.example"),
+            ..evil
+        };
+        assert_eq!(
+            open_mode(network, cross, true),
+            Verdict::Forbidden(Refusal::CrossOrigin)
+        );
     }
 
     #[test]

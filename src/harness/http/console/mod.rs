@@ -38,8 +38,9 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 img-src 'self' data:; font-src 'self'; connect-src 'self'; manifest-src 'self'; \
 base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// Largest login body.
-const MAX_LOGIN_BODY: usize = 4096;
+/// Largest login (and logout) body; the route's body limit too, so a
+/// larger one is never read whole.
+pub(crate) const MAX_LOGIN_BODY: usize = 4096;
 
 /// The console's state: the browser sessions.
 pub(crate) struct Console {
@@ -59,32 +60,71 @@ impl Console {
 
     /// Decide on a request to an API route (Bearer, cookie + CSRF +
     /// Origin, or the loopback rule): see [`auth::decide`].
-    pub(crate) fn check(&self, config: &HarnessConfig, method: &Method, h: &HeaderMap) -> Verdict {
-        let public_origin = if h.contains_key(header::ORIGIN) {
-            public_origin(config)
-        } else {
-            None
-        };
-        let policy = Policy {
-            token: config.api_token.as_ref().map(|t| t.expose()),
-            public_origin: public_origin.as_deref(),
-        };
-        let cookies = h
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok());
-        let facts = Facts {
-            unsafe_method: !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS),
-            websocket: is_websocket(h),
-            bearer: transport::bearer(h),
-            cookie: auth::cookie_value(cookies),
-            csrf: text(h, auth::CSRF_HEADER),
-            origin: text(h, header::ORIGIN.as_str()),
-            host: text(h, header::HOST.as_str()),
-        };
+    pub(crate) fn check(
+        &self,
+        config: &HarnessConfig,
+        method: &Method,
+        h: &HeaderMap,
+        local_socket: bool,
+    ) -> Verdict {
+        let public_origin = origin_if_asked(config, h);
+        let policy = policy(config, public_origin.as_deref());
+        let facts = facts(method, h, local_socket);
         auth::decide(policy, facts, |id| {
             self.table().csrf(id, Instant::now()).map(str::to_owned)
         })
+    }
+}
+
+/// The rule of a harness without an API token, for any route
+/// ([`auth::open_mode`]).
+pub(crate) fn open_check(
+    config: &HarnessConfig,
+    method: &Method,
+    h: &HeaderMap,
+    host_exempt: bool,
+    local_socket: bool,
+) -> Verdict {
+    let public_origin = origin_if_asked(config, h);
+    auth::open_mode(
+        policy(config, public_origin.as_deref()),
+        facts(method, h, local_socket),
+        host_exempt,
+    )
+}
+
+/// The public URL's origin, only worked out when the request has an
+/// `Origin` to compare it with.
+fn origin_if_asked(config: &HarnessConfig, h: &HeaderMap) -> Option<String> {
+    if h.contains_key(header::ORIGIN) {
+        public_origin(config)
+    } else {
+        None
+    }
+}
+
+fn policy<'a>(config: &'a HarnessConfig, public_origin: Option<&'a str>) -> Policy<'a> {
+    Policy {
+        token: config.api_token.as_ref().map(|t| t.expose()),
+        public_origin,
+        open_network: config.allow_open_api,
+    }
+}
+
+fn facts<'a>(method: &Method, h: &'a HeaderMap, local_socket: bool) -> Facts<'a> {
+    let cookies = h
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    Facts {
+        unsafe_method: !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS),
+        websocket: is_websocket(h),
+        bearer: transport::bearer(h),
+        cookie: auth::cookie_value(cookies),
+        csrf: text(h, auth::CSRF_HEADER),
+        origin: text(h, header::ORIGIN.as_str()),
+        host: text(h, header::HOST.as_str()),
+        local_socket,
     }
 }
 
@@ -144,22 +184,16 @@ pub(crate) fn forbidden(r: Refusal) -> ApiError {
     )
 }
 
-/// Headers every console response carries.
+/// Headers every console page and asset carries: its own CSP, which
+/// allows the page's scripts, then the ones every answer carries
+/// ([`super::security_headers::apply`]).
 fn hardened(mut r: Response) -> Response {
     let h = r.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CSP),
     );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    super::security_headers::apply(h);
     r
 }
 
@@ -268,7 +302,8 @@ pub(crate) async fn login(State(app): State<App>, headers: HeaderMap, body: Byte
         Err(e) => return ApiError::bad_request(format!("body: {e}")).into_response(),
     };
     if !super::same_secret(&b.token, token.expose()) {
-        tracing::info!("console login refused: wrong token");
+        // Counted per source and logged in aggregate by the auth layer.
+        tracing::debug!("console login refused: wrong token");
         return ApiError::unauthorized().into_response();
     }
     let (id, csrf) = (auth::mint(), auth::mint());
