@@ -59,4 +59,10 @@ fi
 . scripts/pg.sh
 pg_start
 
+# Issue 48: sessions run in a sandbox that reads only the system's
+# directories; the real MCP servers and ACP peers the tests drive are
+# installed in the checkout, so the tests' executors may read them there
+# (as an operator would pass --sandbox-read for a toolchain of theirs).
+export BMX_SANDBOX_READ="$PWD/tests/peers"
+
 cargo test --profile tests "$@"

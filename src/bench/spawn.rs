@@ -63,7 +63,12 @@ pub async fn run(starts: usize) -> Result<SpawnReport, String> {
     std::fs::create_dir(&ws).map_err(|e| e.to_string())?;
     let sandboxes = Sandboxes::start(SandboxConfig::default()).map_err(|e| e.to_string())?;
     let sandbox = sandboxes
-        .make(&bmx::sandbox::session_name("bench-spawn"), &ws, &private, &Bounds::default())
+        .make(
+            &bmx::sandbox::session_name("bench-spawn"),
+            &ws,
+            &private,
+            &Bounds::default(),
+        )
         .map_err(|e| e.to_string())?;
     let cap = sandboxes.capability();
     let per_round = (starts / ROUNDS).max(1);

@@ -442,7 +442,9 @@ pub async fn run(cmd: BenchCommand) -> ExitCode {
             }
         }
         BenchCommand::Spawn { starts, json } => {
-            report("spawn", json, spawn::run(starts.max(10)).await, |r| r.table())
+            report("spawn", json, spawn::run(starts.max(10)).await, |r| {
+                r.table()
+            })
         }
         BenchCommand::Scale {
             sessions,

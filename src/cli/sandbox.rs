@@ -29,9 +29,15 @@ pub struct SandboxArgs {
     /// CPU time of each session, in CPUs (e.g. 0.5, 2).
     #[arg(long, value_name = "CPUS")]
     pub session_cpu_max: Option<String>,
-    /// One more directory sessions may read and execute from (repeatable),
-    /// e.g. a toolchain under a home directory.
-    #[arg(long = "sandbox-read", value_name = "DIR")]
+    /// One more directory sessions may read and execute from (repeatable,
+    /// or colon-separated in the environment), e.g. a toolchain under a
+    /// home directory.
+    #[arg(
+        long = "sandbox-read",
+        value_name = "DIR",
+        env = "BMX_SANDBOX_READ",
+        value_delimiter = ':'
+    )]
     pub sandbox_read: Vec<PathBuf>,
     /// Act as if the kernel lacked these mechanisms (`landlock`,
     /// `cgroup`; comma-separated): for testing the fallbacks.

@@ -302,6 +302,39 @@ struct ChildArgs {
     failure: *mut Failure,
 }
 
+/// `rt_sigaction(sig, SIG_DFL)` without libc's checks (x86_64's kernel
+/// `struct sigaction`; elsewhere libc's refusal stands).
+///
+/// # Safety
+/// A system call on a local struct.
+unsafe fn raw_default(sig: libc::c_int) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[repr(C)]
+        struct KernelSigaction {
+            handler: usize,
+            flags: u64,
+            restorer: usize,
+            mask: u64,
+        }
+        let ksa = KernelSigaction {
+            handler: libc::SIG_DFL,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            &ksa as *const KernelSigaction,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8usize,
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = sig;
+}
+
 /// `struct __user_cap_header_struct`.
 #[repr(C)]
 struct CapHeader {
@@ -620,9 +653,15 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         // from the parent's thread) is cleared just before exec.
         let mut dfl: libc::sigaction = std::mem::zeroed();
         dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..libc::SIGRTMAX() {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        for sig in 1..=64 {
+            if sig != libc::SIGKILL
+                && sig != libc::SIGSTOP
+                && libc::sigaction(sig, &dfl, std::ptr::null_mut()) != 0
+            {
+                // glibc refuses its own two signals (32, 33); an ignored
+                // one would stay ignored across exec. The kernel takes
+                // them.
+                raw_default(sig);
             }
         }
         for i in 0..a.cgroup_count {

@@ -261,7 +261,11 @@ impl Tree {
     /// # Errors
     /// [`CgroupError::None`] when no hierarchy is writable.
     pub fn create(h: &Hierarchies, want: &Limits, move_self: bool) -> Result<Tree, CgroupError> {
-        let name = format!("bmx-{}", std::process::id());
+        // One tree per executor, several executors per process (a
+        // platform or a test may run more than one).
+        static SERIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("bmx-{}-{serial}", std::process::id());
         let mut places = Vec::new();
         let mut v2_controllers = Vec::new();
         if let Some(v2) = &h.v2 {
@@ -345,9 +349,18 @@ impl Tree {
             dirs: Vec::new(),
             procs: Vec::new(),
         };
+        // A directory left by an earlier life of the same name (a session
+        // actor that crashed before its cleanup) is emptied and made anew:
+        // a cgroup is never shared.
+        if self.places.iter().any(|p| p.dir.join(name).exists()) {
+            self.kill_group(name);
+        }
         for p in &self.places {
             let dir = p.dir.join(name);
-            make_dir(&dir)?;
+            if let Err(source) = std::fs::create_dir(&dir) {
+                group.remove();
+                return Err(CgroupError::Io { path: dir, source });
+            }
             group.dirs.push((p.controller, dir));
         }
         if let Err(e) = self.limit(&group, limits) {
@@ -475,6 +488,7 @@ fn enable_v2(own: &Path, dir: &Path, want: &Limits, move_self: bool) -> Vec<&'st
             // subtree the executor moves itself into a leaf and tries
             // again; it fails again if other processes share `own`.
             let leaf = own.join(format!("bmx-{}-executor", std::process::id()));
+            // (Swept as this process's: its name starts `bmx-<pid>-`.)
             if make_dir(&leaf).is_ok() && write_file(&leaf.join("cgroup.procs"), "0").is_ok() {
                 ok = enable(own, c);
             }
@@ -687,16 +701,21 @@ pub fn cgroup_of(pid: i32) -> Option<String> {
         .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
 }
 
-/// Whether `pid` is in one of this executor's session cgroups, in any
-/// hierarchy (for the confirmation socket's peer check).
+/// Whether `pid` is in a session cgroup of an executor of this process,
+/// in any hierarchy (for the confirmation socket's peer check).
 pub fn in_sessions(pid: i32) -> bool {
-    let me = format!("/bmx-{}/", std::process::id());
+    let me = format!("/bmx-{}-", std::process::id());
     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map(|t| {
             t.lines().any(|l| {
-                l.splitn(3, ':')
-                    .nth(2)
-                    .is_some_and(|path| path.contains(&me))
+                l.splitn(3, ':').nth(2).is_some_and(|path| {
+                    path.find(&me).is_some_and(|i| {
+                        // `bmx-<pid>-<n>/<session>`, not the executor's own
+                        // leaf `bmx-<pid>-executor`.
+                        let rest = &path[i + me.len()..];
+                        !rest.starts_with("executor") && rest.contains('/')
+                    })
+                })
             })
         })
         .unwrap_or(false)

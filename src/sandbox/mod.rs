@@ -75,7 +75,7 @@ impl std::str::FromStr for Network {
 }
 
 /// What the operator asked for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SandboxConfig {
     pub mode: Mode,
     pub network: Network,
@@ -92,6 +92,31 @@ pub struct SandboxConfig {
     /// how the tests reach each fallback on a host that has everything
     /// (`--sandbox-without`, hidden).
     pub without: Vec<String>,
+}
+
+/// The environment variable with more read-only paths, colon-separated
+/// (what `--sandbox-read` also reads).
+pub const READ_ENV: &str = "BMX_SANDBOX_READ";
+
+impl Default for SandboxConfig {
+    /// `auto`, full network, no bounds, and the read-only paths of
+    /// [`READ_ENV`] (absolute ones only).
+    fn default() -> SandboxConfig {
+        SandboxConfig {
+            mode: Mode::Auto,
+            network: Network::Full,
+            bounds: Bounds::default(),
+            read: std::env::var_os(READ_ENV)
+                .map(|v| {
+                    std::env::split_paths(&v)
+                        .filter(|p| p.is_absolute())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            move_self: false,
+            without: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

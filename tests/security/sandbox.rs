@@ -89,7 +89,10 @@ impl World {
             .await
             .unwrap();
         assert_eq!(s, 200, "{v}");
-        let text = v["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+        let text = v["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         (v["isError"] == false, text)
     }
 
@@ -191,7 +194,10 @@ const GOT_THROUGH: &[&str] = &[
 ];
 
 fn assert_nothing_got_through(path: &str, text: &str) {
-    assert!(text.contains("attack-done"), "{path}: the attack ran: {text}");
+    assert!(
+        text.contains("attack-done"),
+        "{path}: the attack ran: {text}"
+    );
     for marker in GOT_THROUGH {
         assert!(!text.contains(marker), "{path}: {marker}: {text}");
     }
@@ -201,10 +207,11 @@ fn assert_nothing_got_through(path: &str, text: &str) {
 async fn sessions_reach_neither_each_other_nor_the_executor_by_any_path() {
     let w = world(&[]).await;
     let a = w.session(json!({})).await;
-    let b = w.session(json!({"mcpServers": [{
+    let b = w
+        .session(json!({"mcpServers": [{
         "serverKey": "probe", "connectionOrigin": "environment",
         "transport": {"type": "stdio", "command": "sh", "args": ["-c", "placeholder"]}}]}))
-    .await;
+        .await;
     let (ok, text) = w.bash(&a, "echo secret-of-a > mine.txt").await;
     assert!(ok, "{text}");
     std::fs::write(w.work.path().join("planted-secret"), "executor's").unwrap();
@@ -286,7 +293,16 @@ async fn ordinary_work_still_works_in_the_sandbox() {
         echo done"#;
     let (ok, text) = w.bash(&s, script).await;
     assert!(ok, "{text}");
-    for want in ["py 3 True", "cc-ok", "\n1\n", "hi", "home", "usr-ok", "node 2", "done"] {
+    for want in [
+        "py 3 True",
+        "cc-ok",
+        "\n1\n",
+        "hi",
+        "home",
+        "usr-ok",
+        "node 2",
+        "done",
+    ] {
         assert!(text.contains(want), "want {want:?}: {text}");
     }
 }
@@ -319,8 +335,9 @@ async fn escapees_of_every_kind_die_when_the_session_ends() {
     let tag = format!("{}", std::process::id());
     // Its own stdio on /dev/null: an escapee holding the process's output
     // pipe would keep that output from ending, which is not under test.
-    let escape =
-        |n: u32| format!("setsid env -i sh -c '(exec sleep 7{tag}{n} &)' </dev/null >/dev/null 2>&1");
+    let escape = |n: u32| {
+        format!("setsid env -i sh -c '(exec sleep 7{tag}{n} &)' </dev/null >/dev/null 2>&1")
+    };
     let s = w
         .session(json!({"mcpServers": [{
             "serverKey": "esc", "connectionOrigin": "environment",
@@ -344,14 +361,20 @@ async fn escapees_of_every_kind_die_when_the_session_ends() {
     assert!(s2 == 200 || s2 == 201, "{v}");
     for n in 1..=4 {
         let marker = format!("7{tag}{n}");
-        support::eventually(&format!("escapee {n} runs"), || !live_with(&marker).is_empty()).await;
+        support::eventually(&format!("escapee {n} runs"), || {
+            !live_with(&marker).is_empty()
+        })
+        .await;
     }
     w.end(&s).await;
     // The session's end waits for its cgroup to be empty: by the time
     // DELETE answers, nothing it started is alive.
     for n in 1..=4 {
         let marker = format!("7{tag}{n}");
-        assert!(live_with(&marker).is_empty(), "escapee {n} survived its session");
+        assert!(
+            live_with(&marker).is_empty(),
+            "escapee {n} survived its session"
+        );
     }
 }
 
@@ -363,7 +386,10 @@ async fn a_fork_bomb_and_a_memory_hog_leave_the_executor_and_others_serving() {
 
     // At its bound a session's fork fails with EAGAIN.
     let (_, text) = w
-        .bash(&bomb, "for i in $(seq 200); do sleep 30 & done 2>&1 | head -3; echo after")
+        .bash(
+            &bomb,
+            "for i in $(seq 200); do sleep 30 & done 2>&1 | head -3; echo after",
+        )
         .await;
     assert!(
         text.contains("Resource temporarily unavailable") || text.contains("retry"),
@@ -400,7 +426,10 @@ async fn a_fork_bomb_and_a_memory_hog_leave_the_executor_and_others_serving() {
     assert!(ok && text.contains("still-serving"), "{text}");
     // The executor itself is fine.
     let ex = w.executor().await;
-    assert_eq!(ex["capabilities"]["sandbox"]["limits"]["pidsMax"], 64, "{ex}");
+    assert_eq!(
+        ex["capabilities"]["sandbox"]["limits"]["pidsMax"], 64,
+        "{ex}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,7 +437,10 @@ async fn a_session_may_lower_its_bounds_but_never_raise_them() {
     let w = world(&["--session-pids-max", "64"]).await;
     let (s, v) = w
         .api
-        .post("/v1/sessions", &json!({"metadata": {"sandbox": {"pidsMax": 65}}}))
+        .post(
+            "/v1/sessions",
+            &json!({"metadata": {"sandbox": {"pidsMax": 65}}}),
+        )
         .await
         .unwrap();
     assert_eq!(s, 400, "{v}");
@@ -417,9 +449,15 @@ async fn a_session_may_lower_its_bounds_but_never_raise_them() {
         .session(json!({"metadata": {"sandbox": {"pidsMax": 8}}}))
         .await;
     let (_, text) = w
-        .bash(&sid, "for i in $(seq 20); do sleep 30 & done 2>&1 | head -2; echo after")
+        .bash(
+            &sid,
+            "for i in $(seq 20); do sleep 30 & done 2>&1 | head -2; echo after",
+        )
         .await;
-    assert!(text.contains("Resource temporarily unavailable") || text.contains("retry"), "{text}");
+    assert!(
+        text.contains("Resource temporarily unavailable") || text.contains("retry"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -486,7 +524,10 @@ async fn without_a_cgroup_the_tag_still_ends_what_keeps_its_environment() {
     let w = world(&["--sandbox-without", "cgroup"]).await;
     let ex = w.executor().await;
     assert_eq!(ex["capabilities"]["sandbox"]["cgroup"], "none", "{ex}");
-    assert_eq!(ex["capabilities"]["sandbox"]["filesystem"], "landlock", "{ex}");
+    assert_eq!(
+        ex["capabilities"]["sandbox"]["filesystem"], "landlock",
+        "{ex}"
+    );
     let s = w.session(json!({})).await;
     let tag = format!("8{}", std::process::id());
     let (ok, text) = w
@@ -517,7 +558,10 @@ async fn without_landlock_the_executor_warns_or_with_required_refuses() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--sandbox required") && err.contains("Landlock"), "{err}");
+    assert!(
+        err.contains("--sandbox required") && err.contains("Landlock"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -556,6 +600,9 @@ async fn network_none_refuses_tcp() {
         )
         .await;
     assert!(text.contains("end"), "{text}");
-    assert!(!text.contains("CONNECTED") && !text.contains("BOUND"), "{text}");
+    assert!(
+        !text.contains("CONNECTED") && !text.contains("BOUND"),
+        "{text}"
+    );
     assert!(text.contains("Permission denied"), "{text}");
 }
