@@ -55,14 +55,16 @@ pub struct StdioSpec {
     pub secrets: Arc<Vec<String>>,
     /// For the log lines.
     pub label: String,
-    /// The session's sandbox (`None`: `bmx visor`'s own agents, which are
-    /// the person's).
-    pub confine: Option<Arc<crate::process::spawn::Confinement>>,
+    /// The server's unit of its session's sandbox (`None`: `bmx visor`'s
+    /// own agents, which are the person's).
+    pub unit: Option<crate::sandbox::Unit>,
 }
 
 pub struct StdioPeer {
     pid: u32,
     scope: String,
+    /// Its leaf cgroup: killed at shutdown, and when dropped.
+    unit: Option<Arc<crate::sandbox::Unit>>,
     stdin: Option<Stdin>,
     tail: Arc<Mutex<VecDeque<u8>>>,
     exited: watch::Receiver<bool>,
@@ -100,9 +102,13 @@ impl StdioPeer {
             .stdout(Stdio::Fd(out_w))
             .stderr(Stdio::Fd(err_w))
             .group(Group::New)
-            .run_as(spec.confine.is_some())
-            .confine(spec.confine.clone());
+            .run_as(spec.unit.is_some())
+            .confine(spec.unit.as_ref().and_then(|u| u.confinement()));
         let child = cmd.spawn()?;
+        let mut unit = spec.unit;
+        if let Some(u) = unit.as_mut() {
+            u.started();
+        }
         let (pid, exit) = (child.pid, child.exit);
         let stdin_pipe = tokio::net::unix::pipe::Sender::from_owned_fd(in_w)?;
         let stdout_pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
@@ -162,6 +168,7 @@ impl StdioPeer {
         Ok(StdioPeer {
             pid,
             scope: spec.scope,
+            unit: unit.map(Arc::new),
             stdin: Some(Stdin {
                 pipe: stdin_pipe,
                 queue: stdin_tx,
@@ -232,9 +239,15 @@ impl StdioPeer {
             sys::signal_group(self.pid as i32, Signal::SIGTERM);
             wait(1_500, &mut exited).await;
         }
-        let (pid, scope) = (self.pid as i32, self.scope.clone());
-        let _ =
-            tokio::task::spawn_blocking(move || sys::kill_tree(Some(pid), Some(pid), &scope)).await;
+        let (pid, scope, unit) = (self.pid as i32, self.scope.clone(), self.unit.clone());
+        let _ = tokio::task::spawn_blocking(move || match unit.as_deref() {
+            Some(u) if u.contained() => {
+                u.kill();
+                sys::signal_group(pid, Signal::SIGKILL);
+            }
+            _ => sys::kill_tree(Some(pid), Some(pid), &scope),
+        })
+        .await;
         for t in self.tasks.drain(..) {
             t.abort();
         }

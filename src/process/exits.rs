@@ -68,7 +68,7 @@ impl Exit {
         let fd = self
             .pidfd
             .take()
-            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::Other, "exit already reaped"))?;
+            .ok_or_else(|| std::io::Error::other("exit already reaped"))?;
         let pid = self.pid;
         let status = wait_fd(fd).await;
         super::sys::release_owned(pid);

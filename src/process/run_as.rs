@@ -4,9 +4,8 @@
 //!
 //! The executor runs as root and stays the only holder of its token; every
 //! child it starts for a session (processes, terminals, the `bash` tool,
-//! MCP servers and ACP agents: everything that goes through
-//! [`super::sys::inherit_only_stdio`] or [`super::sys::attach_pty`]) drops
-//! to the user between fork and exec ([`drop_in_child`]). The built-in
+//! MCP servers and ACP agents: everything started by [`super::spawn`])
+//! becomes the user between its `clone` and `exec` ([`become_user`]). The built-in
 //! file tools run inside the executor, on blocking threads: for the length
 //! of a call such a thread takes the user's filesystem identity
 //! ([`FsIdentity`]: `setfsuid`/`setfsgid` and its supplementary groups,
@@ -100,16 +99,6 @@ pub fn set(user: RunAs) -> Result<(), RunAsError> {
 /// The user session code runs as, if any.
 pub fn get() -> Option<&'static RunAs> {
     RUN_AS.get()
-}
-
-/// In a forked child, before exec: become the user. Async-signal-safe
-/// (raw system calls on data resolved before the fork). Idempotent: a
-/// child that already is the user (two hooks on one command) skips it.
-pub fn drop_in_child() -> std::io::Result<()> {
-    match RUN_AS.get() {
-        Some(u) => become_user(u),
-        None => Ok(()),
-    }
 }
 
 /// In a child between its `clone` and `exec` (`super::spawn`): become

@@ -335,6 +335,23 @@ unsafe fn raw_default(sig: libc::c_int) {
     let _ = sig;
 }
 
+/// The capabilities a root session keeps: those ordinary programs use on
+/// files and ids (Docker's default set without `NET_RAW`, `MKNOD`,
+/// `SETFCAP`, `SETPCAP`, `SYS_CHROOT` and `AUDIT_WRITE`). Landlock bounds
+/// what they reach (files only beneath the sandbox's paths, signals only
+/// inside the session); what they leave out is what reaches past it
+/// (modules, mounts, raw I/O, raw sockets, reboot, the network's
+/// configuration, BPF, raising rlimits). `xterm`, for one, dies when it
+/// cannot `chown` its pty.
+const KEPT_CAPS: u64 = (1 << 0) // CHOWN
+    | (1 << 1) // DAC_OVERRIDE
+    | (1 << 3) // FOWNER
+    | (1 << 4) // FSETID
+    | (1 << 5) // KILL
+    | (1 << 6) // SETGID
+    | (1 << 7) // SETUID
+    | (1 << 10); // NET_BIND_SERVICE
+
 /// `struct __user_cap_header_struct`.
 #[repr(C)]
 struct CapHeader {
@@ -702,7 +719,7 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             fail(Stage::RunAs);
         }
         if a.drop_caps && libc::geteuid() == 0 {
-            for cap in 0..=a.cap_last {
+            for cap in (0..=a.cap_last).filter(|c| KEPT_CAPS & (1 << c) == 0) {
                 if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0
                     && *libc::__errno_location() != libc::EINVAL
                 {
@@ -721,7 +738,12 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
                 pid: 0,
             };
-            let data = [CapData::default(); 2];
+            let kept = CapData {
+                effective: KEPT_CAPS as u32,
+                permitted: KEPT_CAPS as u32,
+                inheritable: 0,
+            };
+            let data = [kept, CapData::default()];
             if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
                 fail(Stage::Capabilities);
             }

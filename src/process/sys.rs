@@ -583,88 +583,6 @@ pub fn open_pty(
     Ok((master, slave))
 }
 
-/// In a forked child, between fork and exec: mark every descriptor above 2
-/// close-on-exec, so a child inherits only its stdin, stdout and stderr
-/// (issue 18, finding 9). Descriptors the executor opened without
-/// `O_CLOEXEC` (a library's, or one inherited from whoever started the
-/// executor) would otherwise reach every process, terminal and tool.
-///
-/// Close-on-exec rather than closed: std's exec-error pipe is one of them,
-/// and must stay open until the exec itself. `close_range(3, ~0,
-/// CLOSE_RANGE_CLOEXEC)` where the kernel has it (Linux 5.11); else one
-/// `fcntl` per possible descriptor below `RLIMIT_NOFILE` (at most 65 536).
-/// Async-signal-safe: raw system calls only, no allocation.
-pub fn cloexec_above_stderr() -> std::io::Result<()> {
-    // SAFETY: system calls on integers only.
-    unsafe {
-        let r = libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        );
-        if r == 0 {
-            return Ok(());
-        }
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
-            limit.rlim_cur.min(65_536) as i32
-        } else {
-            4096
-        };
-        for fd in 3..max {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
-                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Make `cmd`'s child inherit no descriptor above 2
-/// ([`cloexec_above_stderr`]), and run as the `--run-as` user if one is
-/// set ([`super::run_as`]).
-pub fn inherit_only_stdio(cmd: &mut std::process::Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure only makes async-signal-safe system calls.
-    unsafe {
-        cmd.pre_exec(|| {
-            cloexec_above_stderr()?;
-            default_signals();
-            super::run_as::drop_in_child()
-        });
-    }
-}
-
-/// In a forked child, between fork and exec: every signal back to its
-/// default action and none blocked. An ignored signal stays ignored across
-/// exec, so an executor started with SIGINT ignored (from `nohup`, or `&`
-/// in a script, which ignores SIGINT and SIGQUIT for the job) would hand
-/// that to every session process, and `process.interrupt` would do
-/// nothing. Handlers are reset by exec anyway; the mask is reset here too.
-/// Async-signal-safe: `sigaction` and `sigprocmask` only; a signal number
-/// the kernel or libc refuses (SIGKILL, SIGSTOP, libc's own) is skipped.
-pub fn default_signals() {
-    // SAFETY: a zeroed sigaction with SIG_DFL is a valid argument; the
-    // calls touch this (forked, single-threaded) process only.
-    unsafe {
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        for sig in 1..libc::SIGRTMAX() {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
-        }
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-    }
-}
-
 /// Watch an owned descriptor for readiness in the tokio reactor.
 pub fn async_fd(
     fd: std::os::fd::OwnedFd,
@@ -697,15 +615,30 @@ pub async fn write_all(afd: &tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>, dat
 mod tests {
     use super::*;
 
-    /// The `SigIgn` mask of a child spawned by this process.
+    /// The `SigIgn` mask of a child spawned by this process: by std
+    /// (`reset: false`, the control), or by `process::spawn`.
     fn child_ignores(reset: bool) -> u64 {
-        let mut cmd = std::process::Command::new("cat");
-        cmd.arg("/proc/self/status");
-        if reset {
-            inherit_only_stdio(&mut cmd);
-        }
-        let out = cmd.output().unwrap();
-        let text = String::from_utf8(out.stdout).unwrap();
+        let text = if reset {
+            use std::io::Read;
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let mut cmd = super::super::spawn::Command::new(
+                std::path::Path::new("/bin/cat"),
+                &["cat", "/proc/self/status"],
+            )
+            .unwrap();
+            cmd.stdout(super::super::spawn::Stdio::Fd(w));
+            let child = cmd.spawn().unwrap();
+            let mut text = String::new();
+            std::fs::File::from(r).read_to_string(&mut text).unwrap();
+            drop(child);
+            text
+        } else {
+            let out = std::process::Command::new("cat")
+                .arg("/proc/self/status")
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap()
+        };
         let line = text.lines().find(|l| l.starts_with("SigIgn:")).unwrap();
         u64::from_str_radix(line["SigIgn:".len()..].trim(), 16).unwrap()
     }

@@ -115,15 +115,13 @@ pub fn parse(mountinfo: &str, self_cgroup: &str) -> Hierarchies {
         }
         let mount = PathBuf::from(unescape(pre[4]));
         match post[0] {
-            "cgroup2" => {
-                if out.v2.is_none() {
-                    if let Some(own) = &v2_own {
-                        out.v2 = Some(Hierarchy {
-                            controller: None,
-                            mount,
-                            own: own.clone(),
-                        });
-                    }
+            "cgroup2" if out.v2.is_none() => {
+                if let Some(own) = &v2_own {
+                    out.v2 = Some(Hierarchy {
+                        controller: None,
+                        mount,
+                        own: own.clone(),
+                    });
                 }
             }
             "cgroup" => {
@@ -582,21 +580,50 @@ impl Group {
             .collect()
     }
 
+    /// A leaf for one process (or tool call, or server) of the session in
+    /// the v2 tree, and the descriptors its child writes itself into: the
+    /// leaf's `cgroup.procs`, and the session's in each v1 hierarchy.
+    /// `None` for the leaf where the session has no v2 directory (then
+    /// the session's own membership is all there is). Killing the leaf
+    /// ([`kill_leaf`]) ends everything that process started, whatever it
+    /// did to its environment or group; the leaf is inside the session's
+    /// cgroup, so the session's bounds and its end cover it.
+    ///
+    /// # Errors
+    /// When the leaf cannot be made or opened.
+    pub fn leaf(&self, name: &str) -> Result<(Option<PathBuf>, Vec<OwnedFd>), CgroupError> {
+        let mut fds = Vec::new();
+        let mut leaf = None;
+        for ((c, dir), fd) in self.dirs.iter().zip(&self.procs) {
+            if c.is_none() {
+                let d = dir.join(name);
+                std::fs::create_dir(&d).map_err(io(&d))?;
+                match open_procs(&d) {
+                    Ok(f) => fds.push(f),
+                    Err(e) => {
+                        let _ = std::fs::remove_dir(&d);
+                        return Err(e);
+                    }
+                }
+                leaf = Some(d);
+            } else {
+                fds.push(fd.try_clone().map_err(io(dir))?);
+            }
+        }
+        Ok((leaf, fds))
+    }
+
     /// The directories (for docs, tests and logs).
     pub fn dirs(&self) -> impl Iterator<Item = &Path> {
         self.dirs.iter().map(|(_, d)| d.as_path())
     }
 
-    /// Pids in the session's cgroup now.
+    /// Pids in the session's cgroup (and its leaves) now.
     pub fn pids(&self) -> Vec<i32> {
-        let Some((_, dir)) = self.dirs.first() else {
-            return Vec::new();
-        };
-        std::fs::read_to_string(dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
+        match self.dirs.first() {
+            Some((_, dir)) => self.pids_in(dir),
+            None => Vec::new(),
+        }
     }
 
     /// SIGKILL everything in the session's cgroup, and wait (at most
@@ -631,12 +658,24 @@ impl Group {
         }
     }
 
+    /// Pids in `dir` and in its leaves.
     fn pids_in(&self, dir: &Path) -> Vec<i32> {
-        std::fs::read_to_string(dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|p| p.parse().ok())
-            .collect()
+        let read = |d: &Path| -> Vec<i32> {
+            std::fs::read_to_string(d.join("cgroup.procs"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        };
+        let mut out = read(dir);
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    out.extend(read(&e.path()));
+                }
+            }
+        }
+        out
     }
 
     fn wait_empty(&self, dir: &Path) {
@@ -680,15 +719,55 @@ impl Group {
     /// busy (a zombie not yet reaped) is tried again briefly.
     pub fn remove(&self) {
         for (_, d) in &self.dirs {
-            for attempt in 0..50 {
-                match std::fs::remove_dir(d) {
-                    Ok(()) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                    Err(_) if attempt < 49 => std::thread::sleep(Duration::from_millis(10)),
-                    Err(e) => {
-                        tracing::warn!(dir = %d.display(), error = %e, "cannot remove a session cgroup");
+            // Leaves first: a cgroup with children cannot be removed.
+            if let Ok(entries) = std::fs::read_dir(d) {
+                for e in entries.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        remove_dir_retrying(&e.path());
                     }
                 }
+            }
+            remove_dir_retrying(d);
+        }
+    }
+}
+
+/// SIGKILL everything in a leaf (`cgroup.kill`; before Linux 5.14 a loop
+/// over its `cgroup.procs`). Does not wait. Blocking (a few writes).
+pub fn kill_leaf(leaf: &Path) {
+    if write_file(&leaf.join("cgroup.kill"), "1").is_ok() {
+        return;
+    }
+    for _ in 0..64 {
+        let pids: Vec<i32> = std::fs::read_to_string(leaf.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for p in pids {
+            // SAFETY: kill(2) with a pid read from the cgroup.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Remove an empty leaf; `false` while it still holds a process (the
+/// session's removal takes it later).
+pub fn remove_leaf(leaf: &Path) -> bool {
+    matches!(std::fs::remove_dir(leaf), Ok(())) || !leaf.exists()
+}
+
+fn remove_dir_retrying(d: &Path) {
+    for attempt in 0..50 {
+        match std::fs::remove_dir(d) {
+            Ok(()) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(_) if attempt < 49 => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => {
+                tracing::warn!(dir = %d.display(), error = %e, "cannot remove a session cgroup");
             }
         }
     }

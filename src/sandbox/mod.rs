@@ -398,6 +398,7 @@ impl Sandboxes {
             oom_at_start: 0,
             own_env: self.config.mode != Mode::Off,
             readable: Vec::new(),
+            units: std::sync::atomic::AtomicU64::new(0),
         };
         if self.config.mode == Mode::Off {
             return Ok(sandbox);
@@ -521,6 +522,8 @@ pub struct Sandbox {
     own_env: bool,
     /// The roots the session may read (for `PATH`).
     readable: Vec<PathBuf>,
+    /// Units made so far (names their leaves).
+    units: std::sync::atomic::AtomicU64,
 }
 
 impl Sandbox {
@@ -587,7 +590,97 @@ impl Sandbox {
     }
 }
 
+/// One process (or `bash` call, or stdio server) of a sandbox: its leaf
+/// cgroup, so that killing it ends everything it started, escapees
+/// included, and what its child applies before `exec`. Dropping it kills
+/// what is left in the leaf and removes the leaf.
+#[derive(Debug)]
+pub struct Unit {
+    confinement: Option<Arc<Confinement>>,
+    leaf: Option<PathBuf>,
+}
+
+impl Unit {
+    /// What the unit's child applies before `exec`.
+    pub fn confinement(&self) -> Option<Arc<Confinement>> {
+        self.confinement.clone()
+    }
+
+    /// Whether the unit's processes are found by its cgroup (else by the
+    /// environment tag).
+    pub fn contained(&self) -> bool {
+        self.leaf.is_some()
+    }
+
+    /// SIGKILL everything the unit started. Blocking (a write).
+    pub fn kill(&self) {
+        if let Some(l) = &self.leaf {
+            cgroup::kill_leaf(l);
+        }
+    }
+
+    /// The descriptors are only needed to start the child: let them go
+    /// once it runs (an executor with 10 000 processes keeps none).
+    pub fn started(&mut self) {
+        self.confinement = None;
+    }
+}
+
+impl Drop for Unit {
+    fn drop(&mut self) {
+        if let Some(l) = &self.leaf {
+            cgroup::kill_leaf(l);
+            // Busy while a killed process is not yet reaped: the
+            // session's end removes it then.
+            let _ = cgroup::remove_leaf(l);
+        }
+    }
+}
+
 impl Sandbox {
+    /// A unit for one process of the session: a leaf of its cgroup (where
+    /// the session has one in the v2 tree), the Landlock ruleset and the
+    /// rest of the confinement. Blocking (a `mkdir` and an `open`).
+    ///
+    /// # Errors
+    /// When the leaf cannot be made.
+    pub fn unit(&self) -> Result<Unit, SandboxError> {
+        let Some(base) = &self.confinement else {
+            return Ok(Unit {
+                confinement: None,
+                leaf: None,
+            });
+        };
+        let Some(group) = &self.cgroup else {
+            return Ok(Unit {
+                confinement: Some(base.clone()),
+                leaf: None,
+            });
+        };
+        let n = self
+            .units
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (leaf, cgroups) = group
+            .leaf(&format!("u{n}"))
+            .map_err(|e| SandboxError::Make(e.to_string()))?;
+        let landlock = match &base.landlock {
+            Some(fd) => Some(
+                fd.try_clone()
+                    .map_err(|e| SandboxError::Make(e.to_string()))?,
+            ),
+            None => None,
+        };
+        Ok(Unit {
+            confinement: Some(Arc::new(Confinement {
+                cgroups,
+                landlock,
+                drop_caps: base.drop_caps,
+                cap_last: base.cap_last,
+            })),
+            leaf,
+        })
+    }
+
     /// The environment policy of the session's children: `base` with the
     /// session's own `TMPDIR` and `HOME`, and without the scope tag when
     /// the cgroup finds the session's processes.

@@ -204,7 +204,7 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
     let timeout_ms = input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
 
     let started = start(ctx, &input.command, &cwd, env);
-    let (child, stdout_r, stderr_r) = match started {
+    let (child, stdout_r, stderr_r, unit) = match started {
         Ok(started) => started,
         Err(err) => {
             return ToolOutput::failure(
@@ -214,6 +214,9 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
         }
     };
     let pid = Some(child.pid);
+    // Dropped when the call ends: whatever the command left running in
+    // its leaf cgroup (background jobs, `setsid` escapees) dies then.
+    let unit = unit.map(Arc::new);
     let mut exit = Box::pin(child.exit.wait());
     // If this future is dropped mid-run, still kill the tree and stop the
     // readers instead of leaking them.
@@ -273,19 +276,29 @@ async fn run_bash(ctx: &ToolContext, input: BashInput) -> ToolOutput {
     let status = match &end {
         End::Exited(Ok(status)) => {
             guard.pid = None;
-            // Reaped: kill what the shell left behind in its group, so
-            // background jobs neither outlive the call nor hold the pipes.
+            // Reaped: kill what the shell left behind in its group (and
+            // its leaf), so background jobs neither outlive the call nor
+            // hold the pipes.
             if let Some(pgid) = pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1) {
                 sys::signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+            }
+            if let Some(u) = unit.as_deref() {
+                u.kill();
             }
             Some(*status)
         }
         End::Exited(Err(_)) | End::TimedOut | End::Canceled | End::DiskFull(_) => {
-            // The tree, the group, and by their tag whatever left both
-            // (`setsid`, then re-parented away): the call owns all of it.
+            // The tree, the group, and whatever left both (`setsid`, then
+            // re-parented away): by its leaf cgroup, else by the tag. The
+            // call owns all of it.
             let root = pid.and_then(|p| i32::try_from(p).ok());
             let scope = ctx.scope.clone();
-            let _ = tokio::task::spawn_blocking(move || sys::kill_tree(root, root, &scope)).await;
+            let leaf = unit.clone();
+            let _ = tokio::task::spawn_blocking(move || match leaf.as_deref() {
+                Some(u) if u.contained() => u.kill(),
+                _ => sys::kill_tree(root, root, &scope),
+            })
+            .await;
             let _ = tokio::time::timeout(REAP_GRACE, &mut exit).await;
             guard.pid = None;
             None
@@ -372,6 +385,7 @@ fn start(
     crate::process::spawn::Child,
     tokio::net::unix::pipe::Receiver,
     tokio::net::unix::pipe::Receiver,
+    Option<crate::sandbox::Unit>,
 )> {
     use crate::process::spawn::{Command, Group, Stdio};
     let (out_r, out_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
@@ -389,18 +403,27 @@ fn start(
         .stdout(Stdio::Fd(out_w))
         .stderr(Stdio::Fd(err_w))
         .group(Group::New)
-        .confine(ctx.confine.clone())
         // A tool run outside an executor (`ToolContext::new`) runs as the
-        // caller; an executor's calls carry its session's confinement.
-        .run_as(ctx.confine.is_some());
+        // caller; an executor's calls run in their session's sandbox.
+        .run_as(ctx.sandbox.is_some());
+    // The session's own cgroup, not a leaf of the call: what a command
+    // detaches on purpose (`setsid server &`, for the next call to use)
+    // lives until the session ends, as it did before the sandbox; the
+    // call's own group is killed at its end as ever.
+    let mut unit: Option<crate::sandbox::Unit> = None;
+    cmd.confine(ctx.sandbox.as_ref().and_then(|s| s.confinement()));
     if let Some(max) = ctx.disk.max_file_bytes {
         cmd.rlimit(libc::RLIMIT_FSIZE, max);
     }
     let child = cmd.spawn()?;
+    if let Some(u) = unit.as_mut() {
+        u.started();
+    }
     Ok((
         child,
         tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?,
         tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?,
+        unit,
     ))
 }
 

@@ -101,19 +101,6 @@ impl DiskLimits {
             self.reserve_bytes
         )
     }
-
-    /// Sets `RLIMIT_FSIZE` in the child of `command` (before `exec`).
-    pub fn limit_child(&self, command: &mut std::process::Command) {
-        use std::os::unix::process::CommandExt;
-        let Some(max) = self.max_file_bytes else {
-            return;
-        };
-        // SAFETY: the closure runs between fork and exec and only makes
-        // one async-signal-safe system call (setrlimit).
-        unsafe {
-            command.pre_exec(move || set_file_limit(max));
-        }
-    }
 }
 
 /// Bytes an unprivileged process may still write on the file system of
@@ -124,19 +111,6 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     let (avail, frsize) = (u64::from(stat.blocks_available()), stat.fragment_size());
     #[allow(clippy::useless_conversion)]
     Ok(avail.saturating_mul(u64::from(frsize)))
-}
-
-fn set_file_limit(max: u64) -> io::Result<()> {
-    let limit = libc::rlimit {
-        rlim_cur: max as libc::rlim_t,
-        rlim_max: max as libc::rlim_t,
-    };
-    // SAFETY: a plain system call on a stack value.
-    if unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 #[cfg(test)]
@@ -175,17 +149,20 @@ mod tests {
     fn a_child_cannot_write_past_the_file_limit() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("big");
-        let mut command = std::process::Command::new("dd");
-        command
-            .args(["if=/dev/zero", "bs=4096", "count=64"])
-            .arg(format!("of={}", file.display()))
-            .stderr(std::process::Stdio::null());
-        DiskLimits {
-            max_file_bytes: Some(16 * 1024),
-            reserve_bytes: 0,
-        }
-        .limit_child(&mut command);
-        let status = command.status().unwrap();
+        let of = format!("of={}", file.display());
+        let mut command = crate::process::spawn::Command::new(
+            Path::new("/bin/dd"),
+            &["dd", "if=/dev/zero", "bs=4096", "count=64", &of],
+        )
+        .unwrap();
+        command.rlimit(libc::RLIMIT_FSIZE, 16 * 1024);
+        let child = command.spawn().unwrap();
+        let status = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(child.exit.wait())
+            .unwrap();
         assert!(!status.success());
         assert_eq!(std::fs::metadata(&file).unwrap().len(), 16 * 1024);
     }

@@ -104,9 +104,9 @@ pub struct ToolContext {
     /// The call's disk bounds: a size limit per file its processes write,
     /// and the free space it never takes.
     pub disk: disk::DiskLimits,
-    /// The session's sandbox, applied to every process the call starts
-    /// (`None`: none, as for a tool run outside an executor).
-    pub confine: Option<std::sync::Arc<crate::process::spawn::Confinement>>,
+    /// The session's sandbox: every process the call starts runs in a unit
+    /// of it (`None`: none, as for a tool run outside an executor).
+    pub sandbox: Option<std::sync::Arc<crate::sandbox::Sandbox>>,
 }
 
 impl ToolContext {
@@ -130,7 +130,7 @@ impl ToolContext {
             inline_limit: DEFAULT_INLINE_LIMIT,
             progress_interval: DEFAULT_PROGRESS_INTERVAL,
             disk: disk::DiskLimits::default(),
-            confine: None,
+            sandbox: None,
         }
     }
 }

@@ -476,7 +476,7 @@ impl Actor for WireActor {
                 max_message: MAX_LINE,
                 secrets: Arc::new(Vec::new()),
                 label: format!("visor/{}", data.id),
-                confine: None,
+                unit: None,
             },
             sink,
         );

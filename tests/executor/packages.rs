@@ -64,17 +64,20 @@ async fn read_all(rig: &Rig, s: &str, p: &str, stream: Stream) -> (Vec<u8>, Proc
 
 #[tokio::test]
 async fn pip_installs_into_the_workspace_and_streams_its_output() {
-    let links = tempfile::tempdir().unwrap();
-    build_wheel(links.path());
     let rig = Rig::start(Options::default()).await;
     rig.assign("s").await;
+    // The local index is in the session's workspace: its sandbox reads
+    // nothing of the host's temp dir (issue 48).
+    let links = rig.work.path().join("sessions/s/wheels");
+    std::fs::create_dir(&links).unwrap();
+    build_wheel(&links);
     let mut p = install("s", "pip", "pip", &["bmxtiny==1.0"]);
     p.env = Some(
         [
             ("PIP_NO_INDEX".to_string(), "1".to_string()),
             (
                 "PIP_FIND_LINKS".to_string(),
-                links.path().to_string_lossy().into_owned(),
+                links.to_string_lossy().into_owned(),
             ),
         ]
         .into(),

@@ -102,7 +102,8 @@ async fn merged_stderr_goes_to_stdout() {
 async fn idempotent_start_and_spec_mismatch() {
     let rig = Rig::start(Options::default()).await;
     rig.assign("s").await;
-    let marker = rig.work.path().join("count");
+    // In the session's workspace: its sandbox writes nowhere else.
+    let marker = rig.work.path().join("sessions/s/count");
     let cmd = format!("echo x >> {}; sleep 0.2", marker.display());
     let p = start_params("s", "once", &["sh", "-c", &cmd]);
     let a = start(&rig, p.clone()).await;

@@ -80,8 +80,13 @@ async fn soak_under_random_cuts_stalls_and_delays() {
     let h = harness("exec-soak", "tok-soak", LEASE_TTL_MS).await;
     let proxy = Arc::new(ChaosProxy::start(ws_addr(&h.executor_url())).await);
     let work = tempfile::tempdir().unwrap();
-    let ledger_dir = tempfile::tempdir().unwrap();
-    let ledger = ledger_dir.path().join("calls.txt");
+    // The ledger is in the session's workspace: its sandbox writes
+    // nowhere else (issue 48).
+    let ledger = work
+        .path()
+        .join("sessions")
+        .join(format!("soak-{}", std::process::id()))
+        .join("calls.txt");
     let mut executor = ExecutorProc::spawn_with(
         &proxy.url(),
         "tok-soak",

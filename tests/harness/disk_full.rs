@@ -24,7 +24,14 @@ impl Tmpfs {
     fn mount() -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
         let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={FS_BYTES}"), "tmpfs"])
+            // 0700: a work root or data dir must be private (docs/security.md).
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={FS_BYTES},mode=0700"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .status()
             .map(|s| s.success())

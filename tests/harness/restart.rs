@@ -166,7 +166,6 @@ async fn sigkill_restart_over_postgres_keeps_sessions_results_and_fencing() {
 async fn scenario(store: Option<&str>, sleep: &str) {
     let data = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let marks = tempfile::tempdir().unwrap();
     let port = free_port();
     let client = ApiClient::new(&format!("http://127.0.0.1:{port}"))
         .unwrap()
@@ -192,7 +191,8 @@ async fn scenario(store: Option<&str>, sleep: &str) {
 
     // A tool call that appends a line when it starts, then sleeps ~2 s.
     // The unique sleep length finds its process later.
-    let runs = marks.path().join("runs");
+    // In the session's workspace: its sandbox writes nowhere else.
+    let runs = work.path().join("sessions/s1/runs");
     let command = format!(
         "echo run >> {}; sleep {sleep}; echo done-sleeping",
         runs.display()

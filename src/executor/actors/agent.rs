@@ -218,7 +218,7 @@ impl Actor for Agent {
                 max_message: MAX_LINE,
                 secrets: Arc::new(Vec::new()),
                 label: format!("{}/agent:{}", args.session_id, args.name),
-                confine: args.sandbox.confinement(),
+                unit: Some(args.sandbox.unit().map_err(|e| e.to_string())?),
             },
             sink,
         )

@@ -352,6 +352,12 @@ impl Screen {
 
 /// `Xvfb` on a display number it picks and writes to its stdout, no TCP,
 /// one `width`×`height` screen at depth 24.
+///
+/// No abstract socket either (`-nolisten local`), only
+/// `/tmp/.X11-unix/X<n>`: the session's sandbox scopes abstract Unix
+/// sockets (Landlock), and libxcb falls back to the path socket only when
+/// the abstract one is refused (`ECONNREFUSED`), not when it is forbidden
+/// (`EPERM`).
 pub fn xvfb_command(width: u16, height: u16) -> tokio::process::Command {
     let mut c = tokio::process::Command::new("Xvfb");
     c.args([
@@ -362,6 +368,8 @@ pub fn xvfb_command(width: u16, height: u16) -> tokio::process::Command {
         &format!("{width}x{height}x24"),
         "-nolisten",
         "tcp",
+        "-nolisten",
+        "local",
         "-noreset",
     ]);
     c

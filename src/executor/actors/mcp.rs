@@ -384,7 +384,11 @@ impl Actor for McpServer {
                         max_message: args.max_message,
                         secrets: args.secrets.clone(),
                         label,
-                        confine: args.sandbox.confinement(),
+                        unit: Some(
+                            args.sandbox
+                                .unit()
+                                .map_err(|e| format!("spawn_failed: {e}"))?,
+                        ),
                     },
                     sink,
                 )

@@ -320,6 +320,9 @@ pub struct ProcessData {
     spec: ProcessStartParams,
     scope: String,
     sandbox: Arc<crate::sandbox::Sandbox>,
+    /// The process's leaf of the session's cgroup: killing it ends
+    /// whatever the process started (dropped with the actor).
+    unit: Option<Arc<crate::sandbox::Unit>>,
     /// The session's OOM kills when this process started: more at its
     /// SIGKILL means the kernel's OOM killer ended it (`oom_killed`).
     oom_at_start: u64,
@@ -415,7 +418,7 @@ fn spawn(
     spec: &ProcessStartParams,
     cwd: PathBuf,
     env: Vec<(String, String)>,
-    sandbox: &crate::sandbox::Sandbox,
+    unit: &crate::sandbox::Unit,
 ) -> std::io::Result<Spawned> {
     use crate::process::spawn::{Command, Group, Stdio};
     // Resolved here, against the child's own PATH (the child runs no
@@ -435,7 +438,7 @@ fn spawn(
         }
     };
     let mut cmd = Command::new(&program, &spec.argv)?;
-    cmd.cwd(&cwd)?.env(env)?.confine(sandbox.confinement());
+    cmd.cwd(&cwd)?.env(env)?.confine(unit.confinement());
     let (stdout_r, stderr_r, stdin_w);
     match spec.io_mode {
         IoMode::Pipe => {
@@ -614,9 +617,18 @@ impl ProcessData {
     }
 
     fn kill_tree_now(&self) {
-        let (pid, scope) = (self.pgid(), self.scope.clone());
+        let (pid, scope, unit) = (self.pgid(), self.scope.clone(), self.unit.clone());
         // /proc walks and kills are blocking: off the actor's thread.
-        tokio::task::spawn_blocking(move || sys::kill_tree(pid, pid, &scope));
+        tokio::task::spawn_blocking(move || {
+            match unit.as_deref() {
+                // Its leaf holds everything it started, escapees included.
+                Some(u) if u.contained() => {
+                    u.kill();
+                    sys::signal_group(pid.unwrap_or(0), Signal::SIGKILL);
+                }
+                _ => sys::kill_tree(pid, pid, &scope),
+            }
+        });
     }
 
     fn announce(&self) {
@@ -671,6 +683,7 @@ impl Actor for ProcessActor {
             scope: args.scope,
             oom_at_start: args.sandbox.oom_kills(),
             sandbox: args.sandbox.clone(),
+            unit: None,
             pid: None,
             started_at: now_rfc3339(),
             message: None,
@@ -729,8 +742,12 @@ impl Actor for ProcessActor {
                         env.push((k, v));
                     }
                 }
-                spawn(&state.spec, cwd, env, &state.sandbox)
-                    .map_err(|e| format!("{}: {e}", state.spec.argv[0]))
+                let mut unit = state.sandbox.unit().map_err(|e| e.to_string())?;
+                let spawned = spawn(&state.spec, cwd, env, &unit)
+                    .map_err(|e| format!("{}: {e}", state.spec.argv[0]));
+                unit.started();
+                state.unit = Some(Arc::new(unit));
+                spawned
             });
         match spawned {
             Ok(s) => {

@@ -171,6 +171,9 @@ struct ProcEntry {
     actor: ActorRef<ProcessMsg>,
     spec: ProcessStartParams,
     state: ProcState,
+    /// The child's pid once it started: a crashed actor's tree is found
+    /// from it (the scope tag is only set where no cgroup exists).
+    pid: Option<u32>,
 }
 
 pub struct Session;
@@ -386,8 +389,13 @@ impl SessionState {
                     .processes
                     .remove(&crate::executor::runtime::process_key(&self.id, &pid));
                 let scope = process_scope(&self.scope, &pid);
+                let root = self
+                    .processes
+                    .get(&pid)
+                    .and_then(|e| e.pid)
+                    .and_then(|p| i32::try_from(p).ok());
                 tokio::task::spawn_blocking(move || {
-                    crate::process::sys::kill_tree(None, None, &scope)
+                    crate::process::sys::kill_tree(root, root, &scope)
                 });
                 let Some(entry) = self.processes.get_mut(&pid) else {
                     return;
@@ -1059,6 +1067,7 @@ impl Session {
                         actor,
                         spec,
                         state: ProcState::Running,
+                        pid: None,
                     },
                 );
             }
@@ -1143,7 +1152,10 @@ impl Session {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let args = DisplayArgs {
             scope: format!("{}display:/", state.scope),
-            env: state.sandbox.child_env(state.shared.config.child_env()),
+            // Xvfb and x11vnc are the executor's, not the session's code:
+            // outside its sandbox, tagged so that the session's sweeps
+            // find them.
+            env: state.shared.config.child_env(),
         };
         let started = state
             .children
@@ -1499,6 +1511,7 @@ impl Actor for Session {
             SessionMsg::ProcessChanged(ps) => {
                 if let Some(p) = state.processes.get_mut(&ps.process_id) {
                     p.state = ps.state;
+                    p.pid = p.pid.or(ps.pid);
                 }
             }
             SessionMsg::Reconnected => {
@@ -1761,21 +1774,6 @@ impl Session {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn safe_names_never_escape() {
-        assert_eq!(safe_name("abc-1_2.x"), "abc-1_2.x");
-        for bad in ["..", ".", "", "a/b", "../../etc", &"x".repeat(65), "naïve"] {
-            let n = safe_name(bad);
-            assert!(n.starts_with("h-") && n.len() == 34, "{bad:?} -> {n}");
-        }
-        assert_ne!(safe_name("a/b"), safe_name("a/c"));
-    }
-}
-
 /// Kill everything the session runs: its cgroup, or (no cgroup on this
 /// host) every process carrying its tag. Blocking.
 fn kill_session(sandbox: &crate::sandbox::Sandbox, scope: &str) {
@@ -1795,4 +1793,19 @@ async fn remove_workspace(work_root: &std::path::Path, id: &str) -> std::io::Res
     })
     .await
     .map_err(std::io::Error::other)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_names_never_escape() {
+        assert_eq!(safe_name("abc-1_2.x"), "abc-1_2.x");
+        for bad in ["..", ".", "", "a/b", "../../etc", &"x".repeat(65), "naïve"] {
+            let n = safe_name(bad);
+            assert!(n.starts_with("h-") && n.len() == 34, "{bad:?} -> {n}");
+        }
+        assert_ne!(safe_name("a/b"), safe_name("a/c"));
+    }
 }

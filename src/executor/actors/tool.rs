@@ -227,7 +227,7 @@ impl Actor for ToolActor {
         let mut ctx = ToolContext::new(args.workspace, p.tool_call_id.clone());
         ctx.cancel = cancel.clone();
         ctx.env = Arc::new(args.sandbox.child_env(args.shared.config.child_env()));
-        ctx.confine = args.sandbox.confinement();
+        ctx.sandbox = Some(args.sandbox.clone());
         ctx.scope = tool_scope(&args.shared.instance, &p.session_id, &p.tool_call_id);
         ctx.progress = Some(progress_tx);
         ctx.inline_limit = args.shared.config.tool_inline_limit;
