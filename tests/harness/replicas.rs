@@ -595,7 +595,6 @@ async fn a_dead_replicas_sessions_are_taken_over() {
     let [a, b] = clients;
     let fwd = Forwarder::start(ports[0]).await;
     let work = tempfile::tempdir().unwrap();
-    let marks = tempfile::tempdir().unwrap();
     let mut exec = executor(fwd.port, "tok-a", work.path());
     until("the executor on A", || async {
         holds(ports[0], "ex-a").await.then_some(())
@@ -624,7 +623,8 @@ async fn a_dead_replicas_sessions_are_taken_over() {
     assert_eq!(status, 200, "{p}");
     assert_eq!(p["state"], "running", "{p}");
     // A tool call finished before the kill, and one in flight at it.
-    let runs = marks.path().join("runs");
+    // In the session's workspace: its sandbox writes nowhere else.
+    let runs = work.path().join("sessions/take-1/runs");
     let done_call = json!({"tool": "bash", "toolCallId": "t-done",
         "input": {"command": "echo done-before-$((40+2))"}});
     let (status, done_before) = a
