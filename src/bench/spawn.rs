@@ -10,10 +10,11 @@
 //!   baseline;
 //! * `bare`: bmx's spawner (`process::spawn`) with nothing to apply;
 //! * `sandboxed`: bmx's spawner in a session's sandbox as the executor
-//!   makes it: the cgroup joined, Landlock applied, capabilities dropped
-//!   (as root), `no_new_privs`.
+//!   starts a process: a unit of the sandbox made (its leaf cgroup), the
+//!   cgroups joined, Landlock applied, capabilities dropped (as root),
+//!   `no_new_privs`, and the leaf removed after the exit.
 
-use bmx::process::spawn::{Command, Group, Stdio};
+use bmx::process::spawn::{Command, Confinement, Group, Stdio};
 use bmx::sandbox::{Bounds, SandboxConfig, Sandboxes};
 use serde::Serialize;
 use std::path::Path;
@@ -32,6 +33,12 @@ pub struct SpawnReport {
     pub vs_raw: f64,
     /// What the sandboxed row applied (`capabilities.sandbox`).
     pub sandbox: String,
+    /// Where the sandbox's cost goes: one part applied alone, µs per
+    /// start (the leaf made and removed, and joined; Landlock alone; the
+    /// capability set alone).
+    pub cgroup_only_us: f64,
+    pub landlock_only_us: f64,
+    pub caps_only_us: f64,
 }
 
 impl SpawnReport {
@@ -42,7 +49,8 @@ impl SpawnReport {
              bmx spawn, bare         {:>8.1} µs\n\
              bmx spawn, sandboxed    {:>8.1} µs   ({})\n\
              sandboxed / bare        {:>8.2}\n\
-             sandboxed / raw         {:>8.2}\n",
+             sandboxed / raw         {:>8.2}\n\
+             parts alone: cgroup leaf {:.1} µs, Landlock {:.1} µs, capabilities {:.1} µs\n",
             self.starts,
             self.raw_us,
             self.bare_us,
@@ -50,6 +58,9 @@ impl SpawnReport {
             self.sandbox,
             self.sandbox_ratio,
             self.vs_raw,
+            self.cgroup_only_us,
+            self.landlock_only_us,
+            self.caps_only_us,
         )
     }
 }
@@ -73,6 +84,7 @@ pub async fn run(starts: usize) -> Result<SpawnReport, String> {
     let cap = sandboxes.capability();
     let per_round = (starts / ROUNDS).max(1);
     let (mut raw, mut bare, mut boxed) = (0.0, 0.0, 0.0);
+    let (mut cg, mut ll, mut caps) = (0.0, 0.0, 0.0);
     let result: Result<(), String> = async {
         for _ in 0..ROUNDS {
             raw += time(per_round, || async {
@@ -84,7 +96,39 @@ pub async fn run(starts: usize) -> Result<SpawnReport, String> {
             })
             .await?;
             bare += time(per_round, || start(None)).await?;
-            boxed += time(per_round, || start(sandbox.confinement())).await?;
+            // As the executor starts a process: a unit (a leaf cgroup,
+            // made and removed per start) of the session's sandbox.
+            boxed += time(per_round, || async {
+                let unit = sandbox.unit().map_err(|e| e.to_string())?;
+                start(unit.confinement()).await
+            })
+            .await?;
+            for (part, total) in [(0, &mut cg), (1, &mut ll), (2, &mut caps)] {
+                *total += time(per_round, || async {
+                    let unit = sandbox.unit().map_err(|e| e.to_string())?;
+                    let whole = unit.confinement().ok_or("no confinement")?;
+                    let only = Confinement {
+                        cgroups: if part == 0 {
+                            whole
+                                .cgroups
+                                .iter()
+                                .filter_map(|f| f.try_clone().ok())
+                                .collect()
+                        } else {
+                            Vec::new()
+                        },
+                        landlock: whole
+                            .landlock
+                            .as_ref()
+                            .filter(|_| part == 1)
+                            .and_then(|f| f.try_clone().ok()),
+                        drop_caps: part == 2 && whole.drop_caps,
+                        cap_last: whole.cap_last,
+                    };
+                    start(Some(std::sync::Arc::new(only))).await
+                })
+                .await?;
+            }
         }
         Ok(())
     }
@@ -108,6 +152,9 @@ pub async fn run(starts: usize) -> Result<SpawnReport, String> {
             "filesystem={} cgroup={} scoped={}",
             cap.filesystem, cap.cgroup, cap.scoped
         ),
+        cgroup_only_us: cg / n,
+        landlock_only_us: ll / n,
+        caps_only_us: caps / n,
     })
 }
 

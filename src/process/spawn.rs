@@ -24,8 +24,8 @@
 //!   then `dup2`s the slots onto 0, 1, 2 and closes the rest. So a start
 //!   costs the same with 20 000 descriptors open as with 20.
 //! * `CLONE_PIDFD`: the parent gets a pidfd, and the exit is watched
-//!   through it ([`super::exits::Exit`]), never by a `waitid` over every
-//!   child.
+//!   through it, never by a `waitid` over every child; past a budget of
+//!   pidfds, the child is swept instead ([`super::exits`]).
 //!
 //! Everything the child does is a raw system call on memory prepared by
 //! the parent before the `clone` (no allocation, no lock, no `std`), in an
@@ -581,22 +581,49 @@ fn spawn(cmd: Command) -> std::io::Result<Child> {
         run_as,
         failure: &mut failure,
     };
+    // A pidfd if the budget allows; otherwise the swept set, locked
+    // across the clone so the sweeper cannot miss an early exit.
+    let with_pidfd = super::exits::reserve_pidfd();
+    let swept = if with_pidfd {
+        None
+    } else {
+        match super::exits::lock_swept() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                spawner.clear();
+                return Err(e);
+            }
+        }
+    };
     let mut pidfd: libc::c_int = -1;
     // The orphan reaper must not take this child's exit status: it is
     // registered as owned under the reaper's own lock.
     let started = super::sys::spawn_owned(|| {
-        let pid = clone_child(&args, spawner.stack.top(), &mut pidfd)?;
+        let pid = clone_child(&args, spawner.stack.top(), with_pidfd.then_some(&mut pidfd))?;
         Ok((pid, pid as u32))
     });
     spawner.clear();
     drop(guard);
-    let pid = started?;
-    // SAFETY: the kernel wrote a new pidfd for the child (CLONE_PIDFD).
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    let exit = Exit::new(pid as u32, pidfd);
+    let pid = match started {
+        Ok(pid) => pid as u32,
+        Err(e) => {
+            if with_pidfd {
+                super::exits::unreserve();
+            }
+            return Err(e);
+        }
+    };
+    let mut exit = match swept {
+        Some(s) => s.register(pid),
+        // SAFETY: the kernel wrote a new pidfd for the child (CLONE_PIDFD).
+        None => super::exits::Exit::new(pid, unsafe { OwnedFd::from_raw_fd(pidfd) }),
+    };
     // The child's copies are the caller's to close; ours go now, so a
     // pipe's reader sees EOF when the child (not the executor) closes it.
     drop(cmd.stdio);
+    // SAFETY: a volatile read of what the child wrote before it exited
+    // (the memory is shared; the compiler knows nothing of the child).
+    let failure = unsafe { std::ptr::read_volatile(&failure) };
     if failure.stage != Stage::None as u32 {
         // The child has exited 127; reap it so no zombie is left.
         let _ = exit.reap_now();
@@ -607,10 +634,7 @@ fn spawn(cmd: Command) -> std::io::Result<Child> {
             format!("{}: {os}", stage.what()),
         ));
     }
-    Ok(Child {
-        pid: pid as u32,
-        exit,
-    })
+    Ok(Child { pid, exit })
 }
 
 /// `clone` the child with every signal blocked in this thread (so no
@@ -620,7 +644,7 @@ fn spawn(cmd: Command) -> std::io::Result<Child> {
 fn clone_child(
     args: &ChildArgs,
     stack_top: *mut libc::c_void,
-    pidfd: &mut libc::c_int,
+    pidfd: Option<&mut libc::c_int>,
 ) -> std::io::Result<libc::pid_t> {
     // SAFETY: sigset operations on locals; clone with a stack this
     // process mapped and an argument that outlives the call (the calling
@@ -631,17 +655,20 @@ fn clone_child(
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let flags = libc::CLONE_VM
-            | libc::CLONE_VFORK
-            | libc::CLONE_FILES
-            | libc::CLONE_PIDFD
-            | libc::SIGCHLD;
+        let mut flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_FILES | libc::SIGCHLD;
+        let pidfd = match pidfd {
+            Some(p) => {
+                flags |= libc::CLONE_PIDFD;
+                p as *mut libc::c_int
+            }
+            None => std::ptr::null_mut(),
+        };
         let pid = libc::clone(
             child_main,
             stack_top,
             flags,
             args as *const ChildArgs as *mut libc::c_void,
-            pidfd as *mut libc::c_int,
+            pidfd,
         );
         let err = std::io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
@@ -719,21 +746,16 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             fail(Stage::RunAs);
         }
         if a.drop_caps && libc::geteuid() == 0 {
-            for cap in (0..=a.cap_last).filter(|c| KEPT_CAPS & (1 << c) == 0) {
-                if libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) != 0
-                    && *libc::__errno_location() != libc::EINVAL
-                {
-                    fail(Stage::Capabilities);
-                }
+            // One `capset`, no bounding-set drops (33 system calls, each a
+            // new set of credentials): with `no_new_privs`, set first, no
+            // `execve` grants more than the caller's permitted set, not
+            // even root's (the kernel intersects the new permitted set
+            // with the old one), nor a set-uid program, nor file
+            // capabilities. An inheritable set of 0 clears the ambient
+            // set with it.
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                fail(Stage::Capabilities);
             }
-            // Before Linux 4.3 there are no ambient capabilities to clear.
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
             let header = CapHeader {
                 version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
                 pid: 0,

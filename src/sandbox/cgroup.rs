@@ -591,13 +591,24 @@ impl Group {
     ///
     /// # Errors
     /// When the leaf cannot be made or opened.
-    pub fn leaf(&self, name: &str) -> Result<(Option<PathBuf>, Vec<OwnedFd>), CgroupError> {
+    ///
+    /// `reuse`: a leaf of this session made before and left empty (its
+    /// process gone, what it started killed): joined again instead of
+    /// making and removing a directory per process.
+    pub fn leaf(
+        &self,
+        name: &str,
+        reuse: Option<PathBuf>,
+    ) -> Result<(Option<PathBuf>, Vec<OwnedFd>), CgroupError> {
         let mut fds = Vec::new();
         let mut leaf = None;
         for ((c, dir), fd) in self.dirs.iter().zip(&self.procs) {
             if c.is_none() {
-                let d = dir.join(name);
-                std::fs::create_dir(&d).map_err(io(&d))?;
+                let fresh = reuse.is_none();
+                let d = reuse.clone().unwrap_or_else(|| dir.join(name));
+                if fresh {
+                    std::fs::create_dir(&d).map_err(io(&d))?;
+                }
                 match open_procs(&d) {
                     Ok(f) => fds.push(f),
                     Err(e) => {

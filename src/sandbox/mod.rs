@@ -399,6 +399,7 @@ impl Sandboxes {
             own_env: self.config.mode != Mode::Off,
             readable: Vec::new(),
             units: std::sync::atomic::AtomicU64::new(0),
+            spare: Arc::default(),
         };
         if self.config.mode == Mode::Off {
             return Ok(sandbox);
@@ -524,6 +525,8 @@ pub struct Sandbox {
     readable: Vec<PathBuf>,
     /// Units made so far (names their leaves).
     units: std::sync::atomic::AtomicU64,
+    /// Empty leaves kept for the next units ([`SPARE_LEAVES`]).
+    spare: Arc<std::sync::Mutex<Vec<PathBuf>>>,
 }
 
 impl Sandbox {
@@ -598,7 +601,14 @@ impl Sandbox {
 pub struct Unit {
     confinement: Option<Arc<Confinement>>,
     leaf: Option<PathBuf>,
+    /// Where the leaf goes back when the unit is done (its session's).
+    spare: Option<Arc<std::sync::Mutex<Vec<PathBuf>>>>,
 }
+
+/// Empty leaves a session keeps for its next processes: a start then
+/// joins one instead of a `mkdir` and, at its end, an `rmdir` (about a
+/// tenth of a sandboxed start's cost, docs/benchmarks.md).
+const SPARE_LEAVES: usize = 4;
 
 impl Unit {
     /// What the unit's child applies before `exec`.
@@ -628,12 +638,22 @@ impl Unit {
 
 impl Drop for Unit {
     fn drop(&mut self) {
-        if let Some(l) = &self.leaf {
-            cgroup::kill_leaf(l);
-            // Busy while a killed process is not yet reaped: the
-            // session's end removes it then.
-            let _ = cgroup::remove_leaf(l);
+        let Some(l) = self.leaf.take() else {
+            return;
+        };
+        // Whatever the process left dies now (`cgroup.kill` covers a fork
+        // racing it); the leaf, empty or emptying, serves the session's
+        // next process, or goes. Busy while a killed process is not yet
+        // reaped: the session's end removes it then.
+        cgroup::kill_leaf(&l);
+        if let Some(spare) = &self.spare {
+            let mut s = spare.lock().unwrap_or_else(|p| p.into_inner());
+            if s.len() < SPARE_LEAVES {
+                s.push(l);
+                return;
+            }
         }
+        let _ = cgroup::remove_leaf(&l);
     }
 }
 
@@ -649,19 +669,22 @@ impl Sandbox {
             return Ok(Unit {
                 confinement: None,
                 leaf: None,
+                spare: None,
             });
         };
         let Some(group) = &self.cgroup else {
             return Ok(Unit {
                 confinement: Some(base.clone()),
                 leaf: None,
+                spare: None,
             });
         };
         let n = self
             .units
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let reuse = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let (leaf, cgroups) = group
-            .leaf(&format!("u{n}"))
+            .leaf(&format!("u{n}"), reuse)
             .map_err(|e| SandboxError::Make(e.to_string()))?;
         let landlock = match &base.landlock {
             Some(fd) => Some(
@@ -678,6 +701,7 @@ impl Sandbox {
                 cap_last: base.cap_last,
             })),
             leaf,
+            spare: Some(self.spare.clone()),
         })
     }
 

@@ -480,7 +480,7 @@ async fn a_root_session_holds_no_capability_and_cannot_answer_confirmations() {
     let api = w.api.clone();
     let sid = s.clone();
     let script = format!(
-        "grep CapEff /proc/self/status; grep CapBnd /proc/self/status; \
+        "grep -E '^(Cap(Eff|Prm|Amb)|NoNewPrivs)' /proc/self/status; \
          mknod dev c 1 3 && echo MADE-DEVICE; \
          python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); s.connect(\"{}\"); s.sendall(b\"{{\\\"op\\\":\\\"list\\\"}}\\n\"); print(s.recv(4096).decode())'; echo end",
         sock.display()
@@ -521,7 +521,9 @@ async fn a_root_session_holds_no_capability_and_cannot_answer_confirmations() {
     // nothing that reaches past Landlock (no SYS_ADMIN, SYS_MODULE,
     // NET_ADMIN, NET_RAW, MKNOD, SYS_RAWIO...).
     assert!(text.contains("CapEff:\t00000000000004fb"), "{text}");
-    assert!(text.contains("CapBnd:\t00000000000004fb"), "{text}");
+    assert!(text.contains("CapPrm:\t00000000000004fb"), "{text}");
+    assert!(text.contains("CapAmb:\t0000000000000000"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
     assert!(!text.contains("MADE-DEVICE"), "{text}");
     assert!(text.contains("session code may not answer"), "{text}");
     assert!(text.contains("end"), "{text}");

@@ -74,13 +74,24 @@ pub struct ConfirmState {
     feed: Feed,
 }
 
-/// Bind `path` for the executor's user only: the directory 0700, the
-/// socket 0600. A socket file another live executor answers on is not
-/// taken over; a stale one (nobody listening) is replaced.
+/// Bind `path` for the executor's user only: the directory 0700 (made so
+/// when it is new; an existing one must be this user's and writable by
+/// nobody else, and is never `chmod`ed: issue 56), the socket 0600. A
+/// socket file another live executor answers on is not taken over; a
+/// stale one (nobody listening) is replaced; anything else at the path
+/// (a link, a file) is refused.
 fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    use std::os::unix::fs::FileTypeExt;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        crate::executor::workroot::ensure_private(dir).map_err(std::io::Error::other)?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
@@ -413,5 +424,43 @@ impl Actor for Confirm {
         state.publish(now);
         state.arm(&myself, now);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bind;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[tokio::test]
+    async fn a_shared_parent_is_refused_and_never_chmodded() {
+        let t = tempfile::tempdir().unwrap();
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(bind(&shared.join("c.sock")).is_err());
+        let mode = std::fs::metadata(&shared).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o1777, "the operator's directory is left as it was");
+        // A file (or a link) where the socket goes is not removed.
+        let own = t.path().join("own");
+        let sock = own.join("c.sock");
+        std::fs::create_dir(&own).unwrap();
+        std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(&sock, "precious").unwrap();
+        assert!(bind(&sock).is_err());
+        assert_eq!(std::fs::read_to_string(&sock).unwrap(), "precious");
+        std::fs::remove_file(&sock).unwrap();
+        // A new directory is made 0700 and the socket 0600.
+        let fresh = t.path().join("fresh/c.sock");
+        let _l = bind(&fresh).unwrap();
+        let dir_mode = std::fs::metadata(fresh.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(dir_mode & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 }
