@@ -13,9 +13,8 @@
 //! The price is one descriptor per live process on top of its output
 //! pipe, and `RLIMIT_NOFILE` may be small with a hard limit not even root
 //! may raise (20 000 on the machine these figures come from: 10 000
-//! processes would not fit). So pidfds are taken only while fewer than a
-//! third of the descriptor limit are pidfds ([`budget`]). A child started
-//! past that is *swept*: registered in a set, and a thread woken by
+//! processes would not fit). So a child whose pidfd lands in the last
+//! quarter of the descriptor table ([`threshold`]) is *swept*: registered in a set, and a thread woken by
 //! `SIGCHLD` checks each swept child with `waitid(P_PID, WNOHANG)`, which
 //! costs one system call per swept child per wake-up and nothing per
 //! pidfd child. The set is empty unless descriptors run short.
@@ -32,9 +31,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use tokio::sync::oneshot;
 
-/// Pidfds held now, by live unreaped children.
-static PIDFDS: AtomicUsize = AtomicUsize::new(0);
-
 /// Swept children: pid → where its status goes.
 type Swept = HashMap<i32, oneshot::Sender<ExitStatus>>;
 static SWEPT: Mutex<Option<Swept>> = Mutex::new(None);
@@ -43,51 +39,30 @@ fn swept() -> MutexGuard<'static, Option<Swept>> {
     SWEPT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// How many pidfds may be held at once: a third of the descriptor limit
-/// (read once; the executor raises the limit at start, before any spawn),
-/// leaving the rest to output pipes, sockets and files.
-fn budget() -> usize {
-    static BUDGET: OnceLock<usize> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
+/// The lowest pidfd number past which a child is swept instead: three
+/// quarters of the descriptor limit (read once; the executor raises the
+/// limit at start, before any spawn). The kernel hands out the lowest
+/// free number, so a pidfd numbered `n` means at least `n` descriptors
+/// are open: the last quarter is left to output pipes, sockets and files,
+/// and pidfds come back by themselves as descriptors are freed.
+fn threshold() -> i32 {
+    static AT: OnceLock<i32> = OnceLock::new();
+    *AT.get_or_init(|| {
         let mut lim = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
         };
         // SAFETY: getrlimit writes the local struct only.
         if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-            return 256;
+            return 768;
         }
-        usize::try_from(lim.rlim_cur / 3).unwrap_or(usize::MAX)
+        i32::try_from(lim.rlim_cur / 4 * 3).unwrap_or(i32::MAX)
     })
-}
-
-/// Whether the next child gets a pidfd: reserves one if so (given back by
-/// [`Exit`] when the pidfd closes, or by [`unreserve`]).
-pub(super) fn reserve_pidfd() -> bool {
-    #[cfg(test)]
-    if tests::FORCE_SWEPT.load(Ordering::Acquire) {
-        return false;
-    }
-    PIDFDS
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < budget()).then_some(n + 1)
-        })
-        .is_ok()
-}
-
-/// Give back a reservation that did not become a pidfd.
-pub(super) fn unreserve() {
-    PIDFDS.fetch_sub(1, Ordering::AcqRel);
-}
-
-/// Pidfds held now (for tests and figures).
-pub fn pidfds_held() -> usize {
-    PIDFDS.load(Ordering::Acquire)
 }
 
 /// The swept set, locked across a start so the sweeper cannot miss the
 /// child's exit before it is registered.
-pub(super) struct SweptStart {
+pub(super) struct Start {
     guard: MutexGuard<'static, Option<Swept>>,
 }
 
@@ -95,14 +70,26 @@ pub(super) struct SweptStart {
 ///
 /// # Errors
 /// When the sweeper's pipe, handler or thread cannot be made.
-pub(super) fn lock_swept() -> std::io::Result<SweptStart> {
+pub(super) fn start() -> std::io::Result<Start> {
     sweeper()?;
-    Ok(SweptStart { guard: swept() })
+    Ok(Start { guard: swept() })
 }
 
-impl SweptStart {
-    /// Register child `pid`, started under this lock.
-    pub(super) fn register(mut self, pid: u32) -> Exit {
+impl Start {
+    /// The exit of child `pid`, started under this lock with `pidfd`:
+    /// watched through the pidfd, or swept when descriptors run short.
+    pub(super) fn adopt(mut self, pid: u32, pidfd: OwnedFd) -> Exit {
+        #[cfg(test)]
+        let force = tests::FORCE_SWEPT.load(std::sync::atomic::Ordering::Acquire);
+        #[cfg(not(test))]
+        let force = false;
+        if pidfd.as_raw_fd() < threshold() && !force {
+            return Exit {
+                pid,
+                watch: Watch::Fd(Some(pidfd)),
+            };
+        }
+        drop(pidfd);
         let (tx, rx) = oneshot::channel();
         self.guard
             .get_or_insert_with(HashMap::new)
@@ -205,15 +192,6 @@ enum Watch {
 }
 
 impl Exit {
-    /// A child watched through `pidfd` (its reservation taken by
-    /// [`reserve_pidfd`]).
-    pub(super) fn new(pid: u32, pidfd: OwnedFd) -> Exit {
-        Exit {
-            pid,
-            watch: Watch::Fd(Some(pidfd)),
-        }
-    }
-
     /// The child's pid.
     pub fn pid(&self) -> u32 {
         self.pid
@@ -230,7 +208,6 @@ impl Exit {
                 if status.is_some() {
                     // Reaped: the pidfd has nothing more to say.
                     drop(slot.take());
-                    unreserve();
                     super::sys::release_owned(self.pid);
                 }
                 Ok(status)
@@ -275,35 +252,19 @@ impl Exit {
     }
 }
 
-/// A pidfd that gives its reservation back when it closes.
-struct Held(OwnedFd);
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        unreserve();
-    }
-}
-
-impl AsRawFd for Held {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 async fn wait_fd(fd: OwnedFd) -> std::io::Result<ExitStatus> {
-    let fd = Held(fd);
-    if let Some(status) = try_reap(&fd.0)? {
+    if let Some(status) = try_reap(&fd)? {
         return Ok(status);
     }
-    // SAFETY: the pidfd is moved (inside `Held`) into the AsyncFd, which
-    // keeps it open for as long as it is registered.
+    // SAFETY: the OwnedFd is moved into the AsyncFd, which keeps it open
+    // (the same pidfd) for as long as it is registered.
     let afd = unsafe {
         tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
     }
     .map_err(|e| e.into_parts().1)?;
     loop {
         let mut ready = afd.readable().await?;
-        if let Some(status) = try_reap(&afd.get_ref().0)? {
+        if let Some(status) = try_reap(afd.get_ref())? {
             return Ok(status);
         }
         ready.clear_ready();
@@ -321,7 +282,6 @@ impl Drop for Exit {
         };
         let pid = self.pid;
         if matches!(try_reap(&fd), Ok(Some(_))) {
-            unreserve();
             super::sys::release_owned(pid);
             return;
         }
@@ -336,8 +296,7 @@ impl Drop for Exit {
                 let _ = std::thread::Builder::new()
                     .name("bmx-reap".into())
                     .spawn(move || {
-                        let fd = Held(fd);
-                        let _ = reap_blocking(&fd.0);
+                        let _ = reap_blocking(&fd);
                         super::sys::release_owned(pid);
                     });
             }

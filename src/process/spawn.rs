@@ -24,8 +24,8 @@
 //!   then `dup2`s the slots onto 0, 1, 2 and closes the rest. So a start
 //!   costs the same with 20 000 descriptors open as with 20.
 //! * `CLONE_PIDFD`: the parent gets a pidfd, and the exit is watched
-//!   through it, never by a `waitid` over every child; past a budget of
-//!   pidfds, the child is swept instead ([`super::exits`]).
+//!   through it, never by a `waitid` over every child; when descriptors
+//!   run short, the child is swept instead ([`super::exits`]).
 //!
 //! Everything the child does is a raw system call on memory prepared by
 //! the parent before the `clone` (no allocation, no lock, no `std`), in an
@@ -581,43 +581,27 @@ fn spawn(cmd: Command) -> std::io::Result<Child> {
         run_as,
         failure: &mut failure,
     };
-    // A pidfd if the budget allows; otherwise the swept set, locked
-    // across the clone so the sweeper cannot miss an early exit.
-    let with_pidfd = super::exits::reserve_pidfd();
-    let swept = if with_pidfd {
-        None
-    } else {
-        match super::exits::lock_swept() {
-            Ok(s) => Some(s),
-            Err(e) => {
-                spawner.clear();
-                return Err(e);
-            }
+    // The swept set stays locked across the clone, so the sweeper cannot
+    // miss an early exit of a child that ends up swept.
+    let registry = match super::exits::start() {
+        Ok(r) => r,
+        Err(e) => {
+            spawner.clear();
+            return Err(e);
         }
     };
     let mut pidfd: libc::c_int = -1;
     // The orphan reaper must not take this child's exit status: it is
     // registered as owned under the reaper's own lock.
     let started = super::sys::spawn_owned(|| {
-        let pid = clone_child(&args, spawner.stack.top(), with_pidfd.then_some(&mut pidfd))?;
+        let pid = clone_child(&args, spawner.stack.top(), &mut pidfd)?;
         Ok((pid, pid as u32))
     });
     spawner.clear();
     drop(guard);
-    let pid = match started {
-        Ok(pid) => pid as u32,
-        Err(e) => {
-            if with_pidfd {
-                super::exits::unreserve();
-            }
-            return Err(e);
-        }
-    };
-    let mut exit = match swept {
-        Some(s) => s.register(pid),
-        // SAFETY: the kernel wrote a new pidfd for the child (CLONE_PIDFD).
-        None => super::exits::Exit::new(pid, unsafe { OwnedFd::from_raw_fd(pidfd) }),
-    };
+    let pid = started? as u32;
+    // SAFETY: the kernel wrote a new pidfd for the child (CLONE_PIDFD).
+    let mut exit = registry.adopt(pid, unsafe { OwnedFd::from_raw_fd(pidfd) });
     // The child's copies are the caller's to close; ours go now, so a
     // pipe's reader sees EOF when the child (not the executor) closes it.
     drop(cmd.stdio);
@@ -644,7 +628,7 @@ fn spawn(cmd: Command) -> std::io::Result<Child> {
 fn clone_child(
     args: &ChildArgs,
     stack_top: *mut libc::c_void,
-    pidfd: Option<&mut libc::c_int>,
+    pidfd: &mut libc::c_int,
 ) -> std::io::Result<libc::pid_t> {
     // SAFETY: sigset operations on locals; clone with a stack this
     // process mapped and an argument that outlives the call (the calling
@@ -655,20 +639,17 @@ fn clone_child(
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let mut flags = libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_FILES | libc::SIGCHLD;
-        let pidfd = match pidfd {
-            Some(p) => {
-                flags |= libc::CLONE_PIDFD;
-                p as *mut libc::c_int
-            }
-            None => std::ptr::null_mut(),
-        };
+        let flags = libc::CLONE_VM
+            | libc::CLONE_VFORK
+            | libc::CLONE_FILES
+            | libc::CLONE_PIDFD
+            | libc::SIGCHLD;
         let pid = libc::clone(
             child_main,
             stack_top,
             flags,
             args as *const ChildArgs as *mut libc::c_void,
-            pidfd,
+            pidfd as *mut libc::c_int,
         );
         let err = std::io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
