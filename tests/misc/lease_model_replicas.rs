@@ -471,3 +471,123 @@ proptest! {
         run(&refs, names, "s", base, skew, &evs, &|_, _| {})?;
     }
 }
+
+/// The old rule, as a store: a replica's expiry ends the row whatever
+/// grant it now holds (the lease judged by the replica's own clock only).
+/// The model must catch it: a stale copy expiring on one replica must not
+/// end the session another replica holds.
+struct ExpiryByLocalClock(MemoryRows);
+
+impl SessionRows for ExpiryByLocalClock {
+    type Error = rows::NoClock;
+    type Taken = ();
+    fn clock(&self, now: Option<u64>) -> Result<u64, Self::Error> {
+        self.0.clock(now)
+    }
+    fn rows(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, rows::Row>, Self::Error> {
+        self.0.rows(ids)
+    }
+    fn grant(
+        &self,
+        s: &str,
+        e: &str,
+        t: u64,
+        r: &str,
+        c: &str,
+        p: Option<u64>,
+    ) -> Result<bool, Self::Error> {
+        self.0.grant(s, e, t, r, c, p)
+    }
+    fn take_over(
+        &self,
+        s: &str,
+        p: u64,
+        t: u64,
+        r: &str,
+        c: &str,
+    ) -> Result<Option<()>, Self::Error> {
+        self.0.take_over(s, p, t, r, c)
+    }
+    fn keep(&self, s: &str, t: u64, r: &str, c: &str, n: Option<u64>) -> Result<bool, Self::Error> {
+        self.0.keep(s, t, r, c, n)
+    }
+    fn lost(
+        &self,
+        s: &str,
+        t: u64,
+        r: &str,
+        d: u64,
+        l: u64,
+        n: Option<u64>,
+    ) -> Result<bool, Self::Error> {
+        self.0.lost(s, t, r, d, l, n)
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn expire(
+        &self,
+        s: &str,
+        _t: u64,
+        _r: &str,
+        _h: Option<&str>,
+        _d: u64,
+        _l: u64,
+        _n: Option<u64>,
+    ) -> Result<Expiry, Self::Error> {
+        let current = self
+            .0
+            .rows(&[s.to_owned()])?
+            .remove(s)
+            .map(|w| w.fencing_token);
+        if let Some(t) = current {
+            self.0.end_expired(s, t)?;
+        }
+        Ok(Expiry::Ended)
+    }
+    fn end_expired(&self, s: &str, p: u64) -> Result<bool, Self::Error> {
+        self.0.end_expired(s, p)
+    }
+    fn holds(&self, s: &str, t: u64, r: &str) -> Result<bool, Self::Error> {
+        self.0.holds(s, t, r)
+    }
+}
+
+#[test]
+fn the_model_catches_an_expiry_by_a_replicas_own_clock() {
+    // Granted on r0; the connection moves to r1 (which takes over); time
+    // passes with the executor on r1; r0's stale copy runs out on r0's
+    // clock and its timer fires.
+    let evs = [
+        Ev::Drop,
+        Ev::Connect(1),
+        Ev::Advance(TTL / 2),
+        Ev::Advance(TTL / 2),
+        Ev::Advance(TTL / 2),
+        Ev::Tick(0),
+    ];
+    let names = ["r0".to_owned(), "r1".to_owned(), "r2".to_owned()];
+    let good = MemoryRows::new();
+    run(
+        &[&good, &good, &good],
+        names.clone(),
+        "s",
+        1_000_000,
+        [0; 3],
+        &evs,
+        &|n, t| good.seen(n, t),
+    )
+    .expect("the harness's rules pass");
+    let bad = ExpiryByLocalClock(MemoryRows::new());
+    let failed = run(
+        &[&bad, &bad, &bad],
+        names,
+        "s",
+        1_000_000,
+        [0; 3],
+        &evs,
+        &|n, t| bad.0.seen(n, t),
+    );
+    assert!(failed.is_err(), "the model missed a stale expiry");
+}
