@@ -50,6 +50,12 @@ pub struct Shared {
     /// `process_key(session, process)` → process actor: the hot requests
     /// (`process.read`, `process.write`) go straight to the process.
     pub processes: DashMap<String, ActorRef<ProcessMsg>>,
+    /// sessionId → the highest fencing token of its grant. Written by the
+    /// sessions supervisor only (the fence's owner: on assign, renewal and
+    /// the session's end); read by the router, which refuses a
+    /// session-scoped request carrying a lower `fencingToken` (-32009
+    /// `stale_fencing_token`), and by the register's `resume`.
+    pub fences: DashMap<String, u64>,
     /// `process_key(session, serverKey)` → MCP actor: `mcp.frame` goes
     /// straight to its server. Each actor puts itself in and takes itself
     /// out (a restart replaces the entry).
@@ -95,6 +101,7 @@ impl Shared {
             link: watch::channel(None).0,
             registration: Mutex::new(None),
             sessions: DashMap::new(),
+            fences: DashMap::new(),
             processes: DashMap::new(),
             mcp: DashMap::new(),
             mcp_tunnels: DashMap::new(),
@@ -300,6 +307,15 @@ impl Shared {
 
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The highest fencing token of each session this executor runs, for
+    /// `resume.fencingTokens` (bmx extension).
+    pub fn fencing_tokens(&self) -> std::collections::BTreeMap<String, u64> {
+        self.fences
+            .iter()
+            .map(|e| (e.key().clone(), *e.value()))
+            .collect()
     }
 
     pub fn active_sessions(&self) -> Vec<String> {

@@ -67,6 +67,9 @@ pub struct Metrics {
     /// Process output bytes handed to API readers, by stream.
     pub output_bytes: Family<StreamLabel, Counter>,
     pub lease_expiries: Counter,
+    /// Over several replicas: copies of sessions dropped because the
+    /// store's row names another grant (nothing was stopped).
+    pub superseded: Counter,
     pub replacements: Counter,
     /// Frame-level failures by close code: 1009 (a frame too large),
     /// 4009 (protocol violation), 1007/1002 (undecodable).
@@ -106,6 +109,7 @@ impl Metrics {
             tool_call_seconds: Histogram::new(exponential_buckets(0.005, 2.0, 16)),
             output_bytes: Family::default(),
             lease_expiries: Counter::default(),
+            superseded: Counter::default(),
             replacements: Counter::default(),
             frame_errors: Family::default(),
             frames_refused: Counter::default(),
@@ -148,6 +152,11 @@ impl Metrics {
             "lease_expiries",
             "Sessions ended because their lease ran out",
             m.lease_expiries.clone(),
+        );
+        registry.register(
+            "sessions_superseded",
+            "Copies of sessions dropped because another replica's grant holds them (nothing stopped)",
+            m.superseded.clone(),
         );
         registry.register(
             "replacements",

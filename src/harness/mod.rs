@@ -51,6 +51,7 @@ pub mod interactions;
 pub mod mcp_proxy;
 pub mod metrics;
 pub mod replica;
+pub mod rows;
 pub mod runtime;
 pub mod store;
 pub mod types;

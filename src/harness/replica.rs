@@ -25,7 +25,7 @@ use crate::harness::actors::leases::Adopted;
 use crate::harness::runtime::Shared;
 use crate::harness::store::durable::StoredSession;
 use crate::harness::store::pg_replicas::Generation;
-use crate::harness::store::{DurableState, PgReplicas, StoreError};
+use crate::harness::store::PgReplicas;
 use crate::harness::types::{SessionInfo, SessionState};
 use crate::lease::ConnId;
 use crate::wire::types::{AssignParams, AssignResult, LeaseGrant};
@@ -256,6 +256,16 @@ impl Replica {
             .observed(&g.executor_id, g.generation, |conn, generation| {
                 if let Some(link) = shared.link_of(conn) {
                     link.close(CloseCode::Replaced, "replaced");
+                    // At once, not when the close handshake ends (a frozen
+                    // socket never finishes it): the connection holds
+                    // nothing from now on, and its sessions' leases are
+                    // orphaned here (the newer connection's replica takes
+                    // them over in the database).
+                    if let Some(l) = shared.leases() {
+                        let _ = l.send_message(
+                            crate::harness::actors::leases::LeasesMsg::Disconnected(conn),
+                        );
+                    }
                     shared.metrics.replacements.inc();
                     tracing::info!(executor_id = %g.executor_id, replaced = %conn, generation,
                         by = g.generation,
@@ -353,121 +363,123 @@ pub(crate) fn watch(shared: &Arc<Shared>, url: String) -> Result<(), std::io::Er
     Ok(())
 }
 
-/// Take over, for a resumed register of `executor_id` on this replica's
-/// connection `connection_id`, the sessions of `resume` this replica does
-/// not know (another replica granted them; it died, or the executor moved
-/// away from it). Per session, by the database's clock
-/// ([`judge_takeover`]): a current lease gets a new grant of this replica
-/// (a fencing token above the old one), made the row only if the row is
-/// still the old grant ([`PgReplicas::take_over`]); an expired one is
-/// ended in the database (`lease_expired`) and left to the register to
-/// stop. Returns the sessions won, for the leases actor to adopt. A
-/// failing database takes nothing over (the executor is told to stop
-/// what it resumed, as before; logged).
+/// What the database decided for the sessions of a resumed register
+/// ([`take_over`]): the leases actor drops `drop` (stale copies: another
+/// grant is the row's) without stopping anything, adopts `adopt`, keeps
+/// `kept` (re-adopting its own grant if its table let it run out
+/// meanwhile), and never stops `leave` (another replica's statement won).
+/// `stop_tokens`: the row's fencing token of each session the executor is
+/// told to stop, sent as `fencingToken` with the stop.
+#[derive(Default)]
+pub struct ResumeSettlement {
+    pub adopt: Vec<Adopted>,
+    pub drop: Vec<(String, u64)>,
+    pub kept: Vec<(String, u64)>,
+    pub leave: Vec<String>,
+    pub stop_tokens: std::collections::BTreeMap<String, u64>,
+}
+
+/// Settle, for a resumed register of `executor_id` on this replica's
+/// connection `connection_id`, **every** session of `resume` by the
+/// database ([`crate::harness::rows::settle_resume`]; issue 54): this
+/// replica's copy is kept only while the row names this replica and the
+/// copy's token (one conditional `UPDATE`); a copy of another grant is
+/// dropped without stopping anything; a current lease of another grant is
+/// taken over with a new token (one conditional `UPDATE`); a lease that
+/// ran out by the database's clock is ended (one conditional `UPDATE`) and
+/// stopped. A failing database decides nothing: the executor is told to
+/// stop only the sessions the leases actor knows nothing of, as before
+/// (logged).
 pub(crate) async fn take_over(
     shared: &Shared,
     executor_id: &str,
     connection_id: &str,
     resume: &[String],
-) -> Vec<Adopted> {
+) -> ResumeSettlement {
     let (Some(replica), Some(durable)) = (shared.replica.get(), shared.durable.get()) else {
-        return Vec::new();
+        return ResumeSettlement::default();
     };
-    let unknown: Vec<String> = resume
-        .iter()
-        .filter(|s| !shared.sessions.contains_key(*s))
-        .cloned()
-        .collect();
-    if unknown.is_empty() {
-        return Vec::new();
+    if resume.is_empty() {
+        return ResumeSettlement::default();
     }
+    let listed: Vec<(String, Option<crate::harness::rows::Local>)> = resume
+        .iter()
+        .map(|s| {
+            let local = shared.sessions.get(s).map(|r| crate::harness::rows::Local {
+                fencing_token: r.fencing_token,
+                ended: r.state == SessionState::Ended,
+            });
+            (s.clone(), local)
+        })
+        .collect();
     let (db, durable) = (replica.db.clone(), durable.clone());
     let (exec, conn) = (executor_id.to_owned(), connection_id.to_owned());
     let ttl = shared.config.lease_ttl_ms;
     let poll = shared.config.heartbeat_interval_ms.max(50);
     let done = tokio::task::spawn_blocking(move || {
-        take_over_blocking(&db, &durable, &exec, &conn, &unknown, ttl, poll)
+        let me = db.id().to_owned();
+        crate::harness::rows::settle_resume(
+            &*db,
+            &me,
+            &exec,
+            &conn,
+            &listed,
+            |id, above| match durable.token_above(id, above) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %e, "no fencing token for a takeover");
+                    None
+                }
+            },
+            ttl,
+            poll,
+            None,
+        )
     })
     .await;
-    match done {
+    let settled = match done {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => {
-            tracing::warn!(error = %e, "cannot read resumed sessions from the store; none taken over");
-            Vec::new()
+            tracing::warn!(error = %e, "cannot read resumed sessions from the store; none settled by it");
+            return ResumeSettlement::default();
         }
         Err(e) => {
             tracing::warn!(error = %e, "takeover task failed");
-            Vec::new()
+            return ResumeSettlement::default();
         }
-    }
-}
-
-fn take_over_blocking(
-    db: &PgReplicas,
-    durable: &DurableState,
-    executor_id: &str,
-    connection_id: &str,
-    sessions: &[String],
-    ttl_ms: u64,
-    poll_ms: u64,
-) -> Result<Vec<Adopted>, StoreError> {
-    let (now, rows) = db.takeover_rows(sessions)?;
-    let mut adopted = Vec::new();
-    for (stored, row) in rows {
-        let id = stored.info.session_id.clone();
-        let previous = stored.info.fencing_token;
-        match judge_takeover(&row, executor_id, now, ttl_ms, poll_ms) {
-            Takeover::Take => {
-                let token = match durable.token_above(&id, previous) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(session = %id, error = %e, "no fencing token for a takeover");
-                        continue;
-                    }
-                };
-                let mut info = stored.info;
-                info.fencing_token = token;
-                info.lease_token = format!("lease-{id}-{token}");
-                info.connection_id = Some(connection_id.to_owned());
-                info.state = SessionState::Active;
-                let s = StoredSession {
-                    info,
-                    lease_expires_at_ms: None,
-                };
-                match db.take_over(&s, previous) {
-                    Ok(Some(results)) => {
-                        tracing::info!(session = %id, previous, fencing_token = token,
-                            "taking over a session granted by another replica");
-                        adopted.push(Adopted {
-                            info: s.info,
-                            results,
-                        });
-                    }
-                    Ok(None) => {
-                        tracing::info!(session = %id, "the session's row changed meanwhile: not taken over");
-                    }
-                    Err(e) => {
-                        tracing::warn!(session = %id, error = %e, "takeover claim failed");
-                    }
+    };
+    let mut out = ResumeSettlement::default();
+    for s in settled {
+        let id = s.session_id;
+        if s.drop_local {
+            let stale = shared.sessions.get(&id).map_or(0, |r| r.fencing_token);
+            tracing::info!(session = %id, fencing_token = stale,
+                "this replica's copy of a resumed session is superseded in the store: dropped, nothing stopped");
+            out.drop.push((id.clone(), stale));
+        }
+        match s.outcome {
+            crate::harness::rows::Settled::Kept { token } => out.kept.push((id, token)),
+            crate::harness::rows::Settled::Taken {
+                token,
+                taken: (info, results),
+            } => {
+                tracing::info!(session = %id, fencing_token = token,
+                    "taking over a session granted by another grant");
+                let _ = token;
+                out.adopt.push(Adopted { info, results });
+            }
+            crate::harness::rows::Settled::Stop { token } => {
+                if let Some(t) = token {
+                    out.stop_tokens.insert(id, t);
                 }
             }
-            Takeover::Expired => {
-                let s = ended_expired(stored);
-                match db.end_expired(&s, previous) {
-                    Ok(ended) => {
-                        tracing::info!(session = %id, ended, "a resumed session's lease ran out while no replica held it")
-                    }
-                    Err(e) => {
-                        tracing::warn!(session = %id, error = %e, "cannot end an expired session")
-                    }
-                }
-            }
-            Takeover::NotYours => {
-                tracing::debug!(session = %id, "resumed session not this executor's, or over");
+            crate::harness::rows::Settled::Lost => {
+                tracing::info!(session = %id, "the session's row changed meanwhile: left alone");
+                out.leave.push(id);
             }
         }
     }
-    Ok(adopted)
+    out
 }
 
 /// Tell the executor the new grant of a session taken over (its fencing

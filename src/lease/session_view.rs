@@ -306,6 +306,21 @@ impl<W> SessionViews<W> {
         effects
     }
 
+    /// This harness's copy of a session is stale (over several replicas:
+    /// the store's row names a newer grant, `docs/store.md`): forget it at
+    /// once, without ending it (nothing is reported, nothing is stopped),
+    /// if its grant is `fencing_token` or older. Returns its stop waiters,
+    /// or `None` when there was no such copy.
+    pub fn supersede(&mut self, session_id: &str, fencing_token: u64) -> Option<Vec<W>> {
+        let e = self.sessions.get(session_id)?;
+        if e.fencing_token > fencing_token {
+            return None;
+        }
+        self.sessions.remove(session_id);
+        self.ended.retain(|s| s != session_id);
+        Some(self.stop_waiters.remove(session_id).unwrap_or_default())
+    }
+
     /// The candidate with the fewest sessions not over (ties: by id).
     pub fn least_loaded<'a>(&self, candidates: impl Iterator<Item = &'a str>) -> Option<String> {
         let mut load: BTreeMap<&str, usize> = candidates.map(|c| (c, 0)).collect();

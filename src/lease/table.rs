@@ -407,6 +407,25 @@ impl LeaseTable {
         fencing_token: u64,
         now: u64,
     ) -> Result<Grant, LeaseError> {
+        self.adopt_until(
+            session_id,
+            executor_id,
+            fencing_token,
+            now.saturating_add(self.ttl),
+        )
+    }
+
+    /// [`adopt`](Self::adopt), running out at `expires_at` instead of one
+    /// TTL from now: a lease this table reported expired but the store says
+    /// has time left by its clock (docs/store.md, "Expiry by the
+    /// database's clock") is put back until then.
+    pub fn adopt_until(
+        &mut self,
+        session_id: &str,
+        executor_id: &str,
+        fencing_token: u64,
+        expires_at: u64,
+    ) -> Result<Grant, LeaseError> {
         if let Some(l) = self.leases.get(session_id) {
             if l.fencing_token >= fencing_token {
                 return Err(LeaseError::AlreadyLeased {
@@ -424,7 +443,7 @@ impl LeaseTable {
                 holder,
                 lease_token: lease_token.clone(),
                 fencing_token,
-                expires_at: Some(now.saturating_add(self.ttl)),
+                expires_at: Some(expires_at),
             },
         );
         Ok(Grant {
@@ -433,6 +452,21 @@ impl LeaseTable {
             lease_token,
             fencing_token,
         })
+    }
+
+    /// This table's lease of `session_id` is stale (the store names a newer
+    /// grant): removed if its grant is `fencing_token` or older, without
+    /// ending anything. Returns whether it was.
+    pub fn supersede(&mut self, session_id: &str, fencing_token: u64) -> bool {
+        if self
+            .leases
+            .get(session_id)
+            .is_some_and(|l| l.fencing_token <= fencing_token)
+        {
+            self.leases.remove(session_id);
+            return true;
+        }
+        false
     }
 
     /// The session ended or was stopped: its lease is removed. The fencing

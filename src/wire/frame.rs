@@ -263,6 +263,27 @@ impl Inbound {
         }
     }
 
+    /// The bmx extension param `fencingToken` of a session-scoped request
+    /// (docs/protocol.md, "Fencing on every session request"): the token of
+    /// the grant the harness sent it under. `Ok(None)` when absent (a seed
+    /// peer); -32602 when it is not an unsigned integer.
+    ///
+    /// # Errors
+    ///
+    /// -32602 `invalid_params` for a `fencingToken` of another type.
+    pub fn fencing_token(&self) -> Result<Option<u64>, RpcError> {
+        #[derive(Deserialize)]
+        struct Fence {
+            #[serde(rename = "fencingToken", default)]
+            fencing_token: Option<u64>,
+        }
+        match self.codec.decode::<WithParams<Fence>>(&self.bytes) {
+            Ok(WithParams { params: Some(f) }) => Ok(f.fencing_token),
+            Ok(WithParams { params: None }) => Ok(None),
+            Err(e) => Err(RpcError::invalid_params(format!("fencingToken: {e}"))),
+        }
+    }
+
     /// Decode `result` of a response. A large JSON one with a long base64
     /// string (a `process.read` answer) first tries
     /// [`decode_json_spliced`](super::blob::decode_json_spliced), which

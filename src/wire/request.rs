@@ -203,6 +203,48 @@ requests! {
     }
 }
 
+impl Request {
+    /// The session a fenced request is about (PROTOCOL.md §5 and the bmx
+    /// extension in docs/protocol.md, "Fencing on every session request"):
+    /// every request of the session's owners (`session.stop`, `process.*`,
+    /// `tool.*`, `turn.*`, `interaction.response`, `mcp.*` and the other
+    /// session-scoped bmx methods) carries `sessionId`, and may carry the
+    /// `fencingToken` of the grant it was sent under. `None`: not about one
+    /// session (`session.assign` has its own fence, terminals and drains are
+    /// the executor's).
+    pub fn fenced_session(&self) -> Option<&str> {
+        match self {
+            Request::Session(r) => Some(r.session_id()),
+            Request::Turn(r) => Some(r.session_id()),
+            Request::Process(r) => Some(r.session_id()),
+            Request::Mcp(r) => Some(r.session_id()),
+            Request::Connection(_) | Request::Sessions(_) | Request::Terminal(_) => None,
+        }
+    }
+}
+
+/// -32009 `stale_fencing_token`: a request sent under grant `given` of
+/// `session_id`, which the executor knows a newer grant of (`highest`).
+/// `data.detail` names both tokens.
+pub fn stale_fencing_token(session_id: &str, given: u64, highest: u64) -> RpcError {
+    RpcError::conflict(
+        "stale_fencing_token",
+        format!("fencing token {given} of session {session_id:?} is below {highest}"),
+    )
+    .with_detail(format!("fencingToken {given} < {highest}"))
+}
+
+/// Params sent under a grant: `params` with the bmx extension member
+/// `fencingToken` added (the harness's side of the executor's fence).
+/// `params` must serialize as a map (every params type does).
+#[derive(Debug, serde::Serialize)]
+pub struct Fenced<'a, P: serde::Serialize> {
+    #[serde(flatten)]
+    pub params: &'a P,
+    #[serde(rename = "fencingToken")]
+    pub fencing_token: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,6 +426,46 @@ mod tests {
             round_trip(codec, Method::TerminalInput, &input, key, vec![input.terminal_id.clone()])?;
             round_trip(codec, Method::TerminalClose, &close, key, vec![close.terminal_id.clone()])?;
         }
+    }
+
+    #[test]
+    fn fenced_params_carry_the_token_and_decode_as_before() {
+        for codec in [Codec::Json, Codec::MsgPack] {
+            let p = StopParams {
+                session_id: "s".into(),
+                reason: "stopped".into(),
+                deadline_ms: Some(5),
+                keep_workspace: false,
+            };
+            let f = frame(
+                codec,
+                Method::SessionStop,
+                &Fenced {
+                    params: &p,
+                    fencing_token: 4098,
+                },
+            );
+            assert_eq!(f.fencing_token().unwrap(), Some(4098));
+            let r = decode(Method::SessionStop, &f).unwrap();
+            assert_eq!(r.fenced_session(), Some("s"));
+            assert!(matches!(r, Request::Session(SessionRequest::SessionStop(q)) if q == p));
+            // A seed peer's request: no token.
+            let f = frame(codec, Method::SessionStop, &p);
+            assert_eq!(f.fencing_token().unwrap(), None);
+            // A token of the wrong type: -32602, never a panic.
+            let f = frame(
+                codec,
+                Method::SessionStop,
+                &serde_json::json!({"sessionId": "s", "reason": "x", "fencingToken": "high"}),
+            );
+            assert_eq!(
+                f.fencing_token().unwrap_err().code,
+                ErrorCode::InvalidParams.code()
+            );
+        }
+        let e = stale_fencing_token("s", 1, 2);
+        assert_eq!(e.code, ErrorCode::Conflict.code());
+        assert_eq!(e.reason(), Some("stale_fencing_token"));
     }
 
     #[test]

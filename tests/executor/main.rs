@@ -12,6 +12,7 @@ mod confirm;
 mod connection;
 mod crash;
 mod env;
+mod fence;
 mod git;
 mod mcp;
 mod packages;

@@ -430,6 +430,7 @@ async fn resume_keeps_a_lease_and_stops_the_rest() {
             executor_id: "exec-a".into(),
             last_connection_id: ra.connection_id.clone(),
             active_sessions: vec!["keep".into(), "unknown".into()],
+            fencing_tokens: Default::default(),
         }))
         .await
         .unwrap();

@@ -26,6 +26,7 @@ mod mcp;
 mod mcp_service;
 mod method_owners;
 mod replicas;
+mod replicas_flaps;
 mod restart;
 mod restore;
 mod rfb;

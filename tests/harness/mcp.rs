@@ -950,6 +950,7 @@ async fn a_lost_executor_answers_every_request_in_flight_then_the_channel_reopen
             executor_id: "exec-a".into(),
             last_connection_id: String::new(),
             active_sessions: vec![sid.clone()],
+            fencing_tokens: Default::default(),
         }),
     )
     .await;

@@ -44,12 +44,12 @@ use std::time::{Duration, Instant};
 
 const BMX: &str = env!("CARGO_BIN_EXE_bmx");
 /// Every wait has this deadline.
-const WAIT: Duration = Duration::from_secs(60);
+pub(super) const WAIT: Duration = Duration::from_secs(60);
 /// The `bmx executor` exit status after close 4004.
 const EXIT_REPLACED: i32 = 3;
 
 /// Kills the child when dropped (a failing test leaves nothing behind).
-struct Proc(Child);
+pub(super) struct Proc(pub(super) Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -60,11 +60,11 @@ impl Drop for Proc {
 
 impl Proc {
     /// Exit status if it exited.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+    pub(super) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.0.try_wait().unwrap()
     }
 
-    fn term(mut self) -> std::process::ExitStatus {
+    pub(super) fn term(mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + WAIT;
@@ -78,7 +78,7 @@ impl Proc {
     }
 }
 
-fn free_port() -> u16 {
+pub(super) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -90,7 +90,7 @@ fn harness(port: u16, data: &Path, store: &str, id: &str) -> Proc {
     harness_ttl(port, data, store, id, 20_000)
 }
 
-fn harness_ttl(port: u16, data: &Path, store: &str, id: &str, ttl_ms: u64) -> Proc {
+pub(super) fn harness_ttl(port: u16, data: &Path, store: &str, id: &str, ttl_ms: u64) -> Proc {
     let child = Command::new(BMX)
         .args(["harness", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--token", "ex-a=tok-a", "--token", "ex-b=tok-b"])
@@ -114,7 +114,7 @@ fn harness_ttl(port: u16, data: &Path, store: &str, id: &str, ttl_ms: u64) -> Pr
     Proc(child)
 }
 
-fn executor(port: u16, token: &str, work: &Path) -> Proc {
+pub(super) fn executor(port: u16, token: &str, work: &Path) -> Proc {
     let child = Command::new(BMX)
         .args(["executor", "--url"])
         .arg(format!("ws://127.0.0.1:{port}/v1/executor/connect"))
@@ -129,7 +129,7 @@ fn executor(port: u16, token: &str, work: &Path) -> Proc {
 }
 
 /// Poll `f` until it returns `Some`, at most [`WAIT`].
-async fn until<T, F, Fut>(what: &str, mut f: F) -> T
+pub(super) async fn until<T, F, Fut>(what: &str, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -147,7 +147,7 @@ where
 /// Whether the replica on `port` holds executor `id`'s connection
 /// itself: asked with the forwarded marker, a replica lists only its own
 /// (without it, every live replica's).
-async fn holds(port: u16, id: &str) -> bool {
+pub(super) async fn holds(port: u16, id: &str) -> bool {
     let Ok(r) = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{port}/v1/executors"))
         .header("x-bmx-forwarded-by", "test")
@@ -168,7 +168,7 @@ async fn holds(port: u16, id: &str) -> bool {
         .is_some_and(|a| a.iter().any(|e| e["executorId"] == id))
 }
 
-fn client(port: u16) -> ApiClient {
+pub(super) fn client(port: u16) -> ApiClient {
     ApiClient::new(&format!("http://127.0.0.1:{port}"))
         .unwrap()
         .timeout(Duration::from_secs(30))
@@ -239,7 +239,7 @@ async fn local_status(port: u16, session: &str) -> u16 {
 }
 
 /// The database row of a session: (fencing token, replica).
-fn row(db: &str, session: &str) -> Option<(i64, String)> {
+pub(super) fn row(db: &str, session: &str) -> Option<(i64, String)> {
     let (db, session) = (db.to_owned(), session.to_owned());
     // The blocking client refuses a tokio thread: a thread of its own.
     std::thread::spawn(move || {
@@ -502,7 +502,7 @@ impl Drop for Forwarder {
 }
 
 /// A session's row: (fencing token, replica, state, ended reason).
-fn full_row(db: &str, session: &str) -> Option<(i64, String, String, Option<String>)> {
+pub(super) fn full_row(db: &str, session: &str) -> Option<(i64, String, String, Option<String>)> {
     let (db, session) = (db.to_owned(), session.to_owned());
     std::thread::spawn(move || {
         let mut c = postgres::Client::connect(&db, postgres::NoTls).unwrap();
@@ -550,7 +550,11 @@ fn seen(db: &str, replica: &str) -> bool {
 
 /// Stdout of process `pid` of `session` from byte 0, through `client`:
 /// (bytes, gap seen, state).
-async fn output(client: &ApiClient, session: &str, pid: &str) -> (Vec<u8>, bool, String) {
+pub(super) async fn output(
+    client: &ApiClient,
+    session: &str,
+    pid: &str,
+) -> (Vec<u8>, bool, String) {
     let (status, r) = client
         .get(&format!(
             "/v1/sessions/{session}/processes/{pid}/output?cursor=0&maxBytes=1048576"
@@ -569,7 +573,7 @@ async fn output(client: &ApiClient, session: &str, pid: &str) -> (Vec<u8>, bool,
 
 /// The numbers a counting process printed, checked to be 1, 2, 3, ...
 /// with none missing (a last line cut short is left out).
-fn counted(data: &[u8]) -> u64 {
+pub(super) fn counted(data: &[u8]) -> u64 {
     let text = String::from_utf8_lossy(data);
     let complete = match text.rfind('\n') {
         Some(i) => &text[..=i],
@@ -829,6 +833,7 @@ async fn resume_is_stopped(port: u16, last_connection: String, session: &str) {
         executor_id: "ex-b".into(),
         last_connection_id: last_connection,
         active_sessions: vec![session.into()],
+        fencing_tokens: Default::default(),
     }))
     .await
     .unwrap();
@@ -1422,6 +1427,7 @@ async fn a_dead_replicas_event_stream_goes_on_where_it_is_taken_over() {
         executor_id: "ex-b".into(),
         last_connection_id: connection,
         active_sessions: vec!["ev-take".into()],
+        fencing_tokens: Default::default(),
     }))
     .await
     .unwrap();

@@ -342,6 +342,7 @@ async fn fake_on(port: u16, resume: Option<(&str, &str)>) -> super::harness_comm
         executor_id: EXEC.into(),
         last_connection_id: last.into(),
         active_sessions: vec![session.into()],
+        fencing_tokens: Default::default(),
     }))
     .await
     .unwrap();

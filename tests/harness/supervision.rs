@@ -129,6 +129,7 @@ async fn leases_crash_while_the_executor_is_away_keeps_its_lease_for_the_resume(
         executor_id: "exec-a".into(),
         last_connection_id: ra.connection_id.clone(),
         active_sessions: vec!["keep".into()],
+        fencing_tokens: Default::default(),
     }))
     .await
     .unwrap();
@@ -199,6 +200,7 @@ async fn connection_crash_closes_the_socket_and_the_fake_resumes() {
             executor_id: "exec-a".into(),
             last_connection_id: ra.connection_id.clone(),
             active_sessions: vec!["keep".into()],
+            fencing_tokens: Default::default(),
         }))
         .await
         .unwrap();

@@ -7,6 +7,7 @@ mod events_store;
 mod fuzz;
 mod lease_model;
 mod lease_model_pg;
+mod lease_model_replicas;
 mod lease_model_store;
 #[path = "../pg_support/mod.rs"]
 mod pg_support;

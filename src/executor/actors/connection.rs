@@ -114,6 +114,7 @@ impl Connection {
                     executor_id,
                     last_connection_id,
                     active_sessions: shared.active_sessions(),
+                    fencing_tokens: shared.fencing_tokens(),
                 }),
         };
         let register = link.request::<_, RegisterResult>(

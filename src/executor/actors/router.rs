@@ -94,6 +94,9 @@ impl Dispatch for ExecutorRouter {
             Ok(request) => request,
             Err(e) => return answer(reply, e),
         };
+        if let Err(e) = self.fence(&request, &frame) {
+            return answer(reply, e);
+        }
         match (request, reply) {
             // `terminal.input` may come as a notification.
             (Request::Terminal(r), reply) => self.terminal(r, reply),
@@ -128,6 +131,31 @@ impl Dispatch for ExecutorRouter {
 }
 
 impl ExecutorRouter {
+    /// The fence on every session-scoped request (bmx extension,
+    /// docs/protocol.md "Fencing on every session request"): a request
+    /// carrying a `fencingToken` below the highest grant the sessions
+    /// supervisor took for its session is refused with -32009
+    /// `stale_fencing_token`, before any actor sees it. A request without
+    /// one (a seed peer) passes; so does a higher one (its assign may still
+    /// be on its way), and one about a session this executor does not run
+    /// (its owner answers -32011 as before).
+    fn fence(&self, request: &Request, frame: &Inbound) -> Result<(), RpcError> {
+        let Some(session_id) = request.fenced_session() else {
+            return Ok(());
+        };
+        let Some(given) = frame.fencing_token()? else {
+            return Ok(());
+        };
+        match self.shared.fences.get(session_id).map(|h| *h) {
+            Some(highest) if given < highest => {
+                tracing::info!(session = %session_id, given, highest, method = %request.method(),
+                    "request under a superseded grant refused (stale_fencing_token)");
+                Err(request::stale_fencing_token(session_id, given, highest))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn terminal(&self, request: TerminalRequest, reply: Option<Responder>) {
         let unavailable = || RpcError::internal("terminals supervisor unavailable");
         match self.shared.terminals_actor() {

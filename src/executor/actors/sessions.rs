@@ -181,6 +181,10 @@ impl Sessions {
                 AssignDecision::Idempotent => reply.ok(&accepted),
                 AssignDecision::Renewed { previous } => {
                     tracing::info!(previous, now = p.lease.fencing_token, "lease renewed");
+                    state
+                        .shared
+                        .fences
+                        .insert(p.session_id.clone(), entry.fence.highest());
                     let _ = entry.actor.send_message(SessionMsg::Renewed {
                         lease_token: p.lease.token.clone(),
                     });
@@ -227,6 +231,10 @@ impl Sessions {
             Ok(actor) => {
                 state
                     .shared
+                    .fences
+                    .insert(p.session_id.clone(), p.lease.fencing_token);
+                state
+                    .shared
                     .sessions
                     .insert(p.session_id.clone(), actor.clone());
                 state.sessions.insert(
@@ -253,6 +261,7 @@ impl Sessions {
     ) {
         let session_id = exit.id;
         state.shared.sessions.remove(&session_id);
+        state.shared.fences.remove(&session_id);
         if let Some(entry) = state.sessions.remove(&session_id) {
             if state.retired.len() >= RETIRED_MAX {
                 state.retired.clear();

@@ -135,6 +135,15 @@ fn peer_frame_limit(caps: &crate::wire::types::Capabilities) -> usize {
 
 pub struct Connection;
 
+/// What a resumed register learnt from the database (over replicas): the
+/// sessions taken over (their new grant goes to the executor) and the
+/// row's token of each session it is told to stop.
+#[derive(Default)]
+struct Resumed {
+    adopted: Vec<crate::harness::types::SessionInfo>,
+    stop_tokens: std::collections::BTreeMap<String, u64>,
+}
+
 pub struct ConnArgs {
     pub shared: Arc<Shared>,
     pub link: Link,
@@ -484,10 +493,7 @@ impl ConnState {
     ///
     /// `None`: replaced, the connection was closed with 4004; else the
     /// error to answer the register with.
-    async fn register_replicated(
-        &self,
-        mut msg: LeasesMsg,
-    ) -> Result<Vec<crate::harness::types::SessionInfo>, Option<RpcError>> {
+    async fn register_replicated(&self, mut msg: LeasesMsg) -> Result<Resumed, Option<RpcError>> {
         let Some(replica) = self.shared.replica.get() else {
             return Err(Some(RpcError::internal("not a replica")));
         };
@@ -504,16 +510,22 @@ impl ConnState {
         // Sessions it resumes that another replica granted (it died, or
         // the executor left it): taken over from the database before the
         // register settles the resume (docs/store.md, "Takeover").
-        let mut adopted_infos = Vec::new();
-        if let LeasesMsg::Register { resume, adopt, .. } = &mut msg {
-            *adopt = crate::harness::replica::take_over(
+        let mut adopted_infos = Resumed::default();
+        if let LeasesMsg::Register {
+            resume, settled, ..
+        } = &mut msg
+        {
+            *settled = crate::harness::replica::take_over(
                 &self.shared,
                 &self.executor_id,
                 &self.connection_id,
                 resume,
             )
             .await;
-            adopted_infos = adopt.iter().map(|a| a.info.clone()).collect();
+            adopted_infos = Resumed {
+                adopted: settled.adopt.iter().map(|a| a.info.clone()).collect(),
+                stop_tokens: settled.stop_tokens.clone(),
+            };
         }
         let leases = self.shared.leases();
         let mut msg = Some(msg);
@@ -592,13 +604,13 @@ impl ConnState {
             conn: self.conn,
             executor_id: self.executor_id.clone(),
             resume,
-            adopt: Vec::new(),
+            settled: Default::default(),
             reply: tx,
         };
-        let mut adopted = Vec::new();
+        let mut resumed = Resumed::default();
         if self.shared.replica.get().is_some() {
             match self.register_replicated(msg).await {
-                Ok(a) => adopted = a,
+                Ok(a) => resumed = a,
                 // Replaced: closed with 4004, which is the whole answer
                 // (nothing goes out after a close frame).
                 Err(None) => {
@@ -649,7 +661,7 @@ impl ConnState {
         });
         // Sessions taken over from another replica and kept: the executor
         // learns their new grant (a higher fencing token renews in place).
-        for info in adopted {
+        for info in resumed.adopted {
             if registered.kept.contains(&info.session_id) {
                 let link = self.link.clone();
                 let timeout = config.request_timeout;
@@ -659,9 +671,14 @@ impl ConnState {
             }
         }
         // Sessions the executor still runs but may not keep (§3.5).
+        // Over several replicas each of them was decided by the database
+        // (the row is over, not this executor's, or ran out and was ended
+        // here), and the stop carries the row's fencing token: an executor
+        // that holds a newer grant refuses it (stale_fencing_token).
         for session_id in registered.to_stop {
             let link = self.link.clone();
             let timeout = config.request_timeout;
+            let token = resumed.stop_tokens.get(&session_id).copied();
             tokio::spawn(async move {
                 let params = StopParams {
                     session_id,
@@ -669,10 +686,24 @@ impl ConnState {
                     deadline_ms: None,
                     keep_workspace: false,
                 };
-                if let Err(e) = link
-                    .request::<_, serde_json::Value>(Method::SessionStop, &params, timeout)
-                    .await
-                {
+                let sent = match token {
+                    Some(fencing_token) => {
+                        link.request::<_, serde_json::Value>(
+                            Method::SessionStop,
+                            &crate::wire::request::Fenced {
+                                params: &params,
+                                fencing_token,
+                            },
+                            timeout,
+                        )
+                        .await
+                    }
+                    None => {
+                        link.request::<_, serde_json::Value>(Method::SessionStop, &params, timeout)
+                            .await
+                    }
+                };
+                if let Err(e) = sent {
                     tracing::debug!(session = %params.session_id, error = %e, "session.stop after resume failed");
                 }
             });

@@ -70,6 +70,29 @@ pub struct Route {
     pub fencing_token: u64,
 }
 
+impl Route {
+    /// Send a session-scoped request to the holder under this route's
+    /// grant: `params` go with the bmx extension `fencingToken` (the
+    /// executor refuses a grant older than the newest it saw with -32009
+    /// `stale_fencing_token`; docs/protocol.md).
+    ///
+    /// # Errors
+    ///
+    /// As [`Link::request`].
+    pub async fn request<P: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        params: &P,
+        timeout: std::time::Duration,
+    ) -> Result<R, crate::wire::CallError> {
+        let fenced = crate::wire::request::Fenced {
+            params,
+            fencing_token: self.fencing_token,
+        };
+        self.link.request(method, &fenced, timeout).await
+    }
+}
+
 /// A fresh grant, to be sent as `session.assign`.
 pub struct Assignment {
     pub grant: Grant,
@@ -95,14 +118,28 @@ pub struct Adopted {
 pub enum LeasesMsg {
     /// `executor.register` on `conn`; answered once the registry and the
     /// leases are settled (and a replaced connection was closed with 4004).
-    /// `adopt`: sessions taken over from another replica, kept if `resume`
-    /// lists them.
+    /// `settled`: over several replicas, what the database decided for
+    /// the sessions of `resume` (stale copies dropped first, sessions taken
+    /// over adopted, and kept if `resume` lists them).
     Register {
         conn: ConnId,
         executor_id: String,
         resume: Vec<String>,
-        adopt: Vec<Adopted>,
+        settled: crate::harness::replica::ResumeSettlement,
         reply: oneshot::Sender<Registered>,
+    },
+    /// Over several replicas: the database's answer to an expiry this
+    /// actor's clock found due ([`crate::harness::rows::expire`]).
+    Expiry {
+        session_id: String,
+        fencing_token: u64,
+        outcome: Result<crate::harness::rows::Expiry, String>,
+    },
+    /// Over several replicas: this replica's copy of grant `fencing_token`
+    /// is stale (the row names another grant): drop it, stop nothing.
+    Superseded {
+        session_id: String,
+        fencing_token: u64,
     },
     /// A frame arrived on `conn` (keeps it and its leases alive).
     Seen(ConnId),
@@ -448,15 +485,47 @@ impl LeasesState {
                 conn,
                 executor_id,
                 resume,
-                adopt,
+                settled,
                 reply,
             } => {
-                for a in adopt {
+                for (session_id, token) in &settled.drop {
+                    self.supersede(session_id, *token);
+                }
+                for a in settled.adopt {
                     self.adopt(&executor_id, a);
                 }
-                let r = self.register(conn, &executor_id, &resume);
+                // Kept by the database: if this table let the lease run out
+                // meanwhile (its expiry waits for the database's answer),
+                // the same grant is put back, so the register keeps it.
+                let now = self.now();
+                for (session_id, token) in &settled.kept {
+                    if self.table.holder(session_id).is_none()
+                        && self.views.get(session_id).is_some_and(|v| {
+                            v.fencing_token == *token && v.state != SessionState::Ended
+                        })
+                    {
+                        let _ = self.table.adopt_until(
+                            session_id,
+                            &executor_id,
+                            *token,
+                            now.saturating_add(self.table.lease_ttl_ms()),
+                        );
+                    }
+                }
+                let mut r = self.register(conn, &executor_id, &resume);
+                // Another replica's statement won the row: not ours to stop.
+                r.to_stop.retain(|s| !settled.leave.contains(s));
                 let _ = reply.send(r);
             }
+            LeasesMsg::Expiry {
+                session_id,
+                fencing_token,
+                outcome,
+            } => self.expiry_decided(&session_id, fencing_token, outcome),
+            LeasesMsg::Superseded {
+                session_id,
+                fencing_token,
+            } => self.supersede(&session_id, fencing_token),
             LeasesMsg::Seen(conn) => {
                 let now = self.now();
                 self.table.frame(conn, now);
@@ -544,6 +613,159 @@ impl LeasesState {
             let _ = self.tools.result(&r.session_id, &r.tool_call_id, r.result);
         }
         tracing::info!(session = %session_id, fencing_token = token, "session taken over from another replica");
+    }
+
+    /// This replica's copy of grant `token` of `session_id` is stale: the
+    /// database's row names another grant (issue 54). Forget it without
+    /// ending it: nothing is written (the row is not ours), nothing is
+    /// stopped on the executor, no `session_ended` is published; waiters of
+    /// calls in flight learn their outcome is unknown here. Calls about the
+    /// session are forwarded to the row's replica from now on.
+    fn supersede(&mut self, session_id: &str, token: u64) {
+        let current = self.views.get(session_id).map(|v| v.fencing_token);
+        if current.is_some_and(|t| t > token) {
+            return;
+        }
+        self.table.supersede(session_id, token);
+        let waiters = self.views.supersede(session_id, token).unwrap_or_default();
+        for (id, w) in self.tools.end(session_id) {
+            let _ = w.send(Err(ApiError::tool_outcome_unknown(&id)));
+        }
+        let info = self.shared.sessions.remove(session_id).map(|(_, i)| i);
+        self.shared.lease_deadlines.remove(session_id);
+        if let Some(d) = self.shared.durable.get() {
+            // Writes of this copy still queued lose to the row anyway
+            // (they are conditional on its token); none is added.
+            let _ = d;
+        }
+        if let Some(mut info) = info {
+            info.state = SessionState::Ended;
+            info.ended_reason = Some("superseded".into());
+            for w in waiters {
+                let _ = w.send(info.clone());
+            }
+        }
+        mcp::session_ended(&self.shared, session_id, "superseded");
+        turns::forget(&self.shared, session_id);
+        self.shared.metrics.superseded.inc();
+        self.shared.routes_changed();
+        tracing::info!(session = %session_id, fencing_token = token,
+            "superseded by another grant in the store: this replica's copy dropped, nothing stopped");
+    }
+
+    /// Over several replicas, a lease this actor's clock found run out is
+    /// ended only if the database agrees, by its own clock, that it is
+    /// this replica's grant and ran out (one conditional `UPDATE`,
+    /// [`crate::harness::rows::expire`]). Until the answer the session is
+    /// `disconnected` with no lease here.
+    fn expire_by_store(&mut self, session_id: &str) {
+        let Some(replica) = self.shared.replica.get() else {
+            return self.end_session(session_id, "lease_expired");
+        };
+        let Some(view) = self.views.get(session_id).cloned() else {
+            return;
+        };
+        if view.state == SessionState::Ended {
+            return;
+        }
+        let now = self.now();
+        let deadline = self
+            .shared
+            .lease_deadlines
+            .get(session_id)
+            .map_or(now, |d| *d);
+        let holder = self
+            .shared
+            .sessions
+            .get(session_id)
+            .and_then(|r| r.connection_id.clone());
+        let db = replica.db.clone();
+        let leases = self.shared.leases();
+        let (sid, token) = (session_id.to_owned(), view.fencing_token);
+        let local_now = self.now();
+        tokio::spawn(async move {
+            let sid2 = sid.clone();
+            let outcome = tokio::task::spawn_blocking(move || {
+                let me = db.id().to_owned();
+                crate::harness::rows::expire(
+                    &*db,
+                    &sid2,
+                    token,
+                    &me,
+                    holder.as_deref(),
+                    deadline,
+                    local_now,
+                    None,
+                )
+                .map_err(|e| e.to_string())
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            if let Some(l) = leases {
+                let _ = l.send_message(LeasesMsg::Expiry {
+                    session_id: sid,
+                    fencing_token: token,
+                    outcome,
+                });
+            }
+        });
+    }
+
+    fn expiry_decided(
+        &mut self,
+        session_id: &str,
+        token: u64,
+        outcome: Result<crate::harness::rows::Expiry, String>,
+    ) {
+        use crate::harness::rows::Expiry;
+        let Some(view) = self.views.get(session_id).cloned() else {
+            return;
+        };
+        if view.fencing_token != token || view.state == SessionState::Ended {
+            return;
+        }
+        match outcome {
+            Ok(Expiry::Ended) => {
+                if self
+                    .table
+                    .holder(session_id)
+                    .is_some_and(|h| h.expires_at.is_none())
+                {
+                    // Resumed here meanwhile: the keep came after.
+                    return;
+                }
+                self.table.end(session_id);
+                self.shared.metrics.lease_expiries.inc();
+                self.end_session(session_id, "lease_expired");
+            }
+            Ok(Expiry::Superseded) => self.supersede(session_id, token),
+            Ok(Expiry::NotYet { remaining_ms }) => {
+                self.expiry_later(session_id, &view, remaining_ms)
+            }
+            Err(e) => {
+                tracing::warn!(session = %session_id, error = %e,
+                    "cannot ask the store whether a lease ran out; asking again");
+                self.expiry_later(session_id, &view, 1_000);
+            }
+        }
+    }
+
+    /// Put the lease back until `remaining_ms` from now (at least 100 ms),
+    /// when this actor's timer asks the database again.
+    fn expiry_later(&mut self, session_id: &str, view: &ViewEntry, remaining_ms: u64) {
+        if self.table.holder(session_id).is_some() {
+            return;
+        }
+        let at = self.now().saturating_add(remaining_ms.max(100));
+        if self
+            .table
+            .adopt_until(session_id, &view.executor_id, view.fencing_token, at)
+            .is_ok()
+        {
+            // An earlier deadline than the armed one: arm again.
+            self.timer.cancel();
+            tracing::debug!(session = %session_id, remaining_ms, "lease not run out by the store's clock yet");
+        }
     }
 
     fn register(&mut self, conn: ConnId, executor_id: &str, resume: &[String]) -> Registered {
@@ -863,8 +1085,12 @@ impl LeasesState {
             }
         }
         for s in tick.expired {
-            self.shared.metrics.lease_expiries.inc();
-            self.end_session(&s, "lease_expired");
+            if self.shared.replica.get().is_some() {
+                self.expire_by_store(&s);
+            } else {
+                self.shared.metrics.lease_expiries.inc();
+                self.end_session(&s, "lease_expired");
+            }
         }
     }
 

@@ -907,7 +907,6 @@ async fn open(
     };
     let timeout = shared.config.mcp_open_timeout;
     match route
-        .link
         .request::<_, McpOpenResult>(Method::McpOpen, &params, timeout)
         .await
     {

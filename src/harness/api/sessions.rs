@@ -151,6 +151,32 @@ async fn claim(shared: &Shared, session_id: &str, previous: Option<u64>) -> Resu
     )))
 }
 
+/// Over several replicas: whether the session's row still names this
+/// replica and grant `token` (not ended). Without replicas, or when the
+/// database cannot answer, `true` (the executor's fence still refuses a
+/// stale grant).
+async fn holds(shared: &Shared, session_id: &str, token: u64) -> bool {
+    use crate::harness::rows::SessionRows;
+    let Some(replica) = shared.replica.get() else {
+        return true;
+    };
+    let db = replica.db.clone();
+    let id = session_id.to_owned();
+    match tokio::task::spawn_blocking(move || {
+        let me = db.id().to_owned();
+        db.holds(&id, token, &me)
+    })
+    .await
+    {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            tracing::warn!(session = %session_id, error = %e, "cannot ask the store who holds the session; the executor's fence decides");
+            true
+        }
+        Err(_) => true,
+    }
+}
+
 /// A stop's waiter was dropped by a crashing leases actor.
 struct StopLost;
 
@@ -395,7 +421,6 @@ impl Session {
     ) -> Result<R, ApiError> {
         let route = self.route().await?;
         route
-            .link
             .request(method, params, timeout)
             .await
             .map_err(ApiError::from_call)
@@ -474,7 +499,7 @@ impl Session {
             + timeout
             + Duration::from_millis(self.shared.config.lease_ttl_ms);
         loop {
-            match route.link.request(method, params, timeout).await {
+            match route.request(method, params, timeout).await {
                 Err(CallError::Closed) => {
                     tracing::debug!(session = %self.id, %method, "connection lost with a request in flight: waiting to send it again");
                     route = self
@@ -703,7 +728,6 @@ impl Session {
             };
             loop {
                 let sent = route
-                    .link
                     .request::<_, serde_json::Value>(
                         Method::ToolCall,
                         &params,
@@ -807,8 +831,28 @@ impl Session {
                 deadline_ms: Some(deadline_ms),
                 keep_workspace: false,
             };
+            // The database decides before every stop (issue 54): only
+            // while the row names this replica and this grant.
+            if !holds(&self.shared, &self.id, route.fencing_token).await {
+                let _ = self
+                    .shared
+                    .send_leases(LeasesMsg::Superseded {
+                        session_id: self.id.clone(),
+                        fencing_token: route.fencing_token,
+                    })
+                    .await;
+                return Ok(Err(ApiError::rpc(
+                    RpcError::conflict(
+                        "session_moved",
+                        format!(
+                            "session {:?} is held by another replica; ask again",
+                            self.id
+                        ),
+                    )
+                    .with_retryable(true),
+                )));
+            }
             let r = route
-                .link
                 .request::<_, StopResult>(
                     Method::SessionStop,
                     &params,

@@ -25,7 +25,6 @@
 
 use super::App;
 use crate::harness::error::ApiError;
-use crate::harness::types::SessionState;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::middleware::Next;
@@ -95,14 +94,12 @@ pub(crate) async fn forward(app: &App, req: Request, next: Next) -> Response {
         if id.is_empty() {
             return next.run(req).await;
         }
-        // A session held here is answered here. One known here whose
-        // holder is gone (disconnected, or ended since) may have been
-        // taken over by another replica with a newer grant: asked there.
-        let above = match shared.sessions.get(&id).map(|r| (r.state, r.fencing_token)) {
-            None => 0,
-            Some((SessionState::Disconnected | SessionState::Ended, token)) => token,
-            Some(_) => return next.run(req).await,
-        };
+        // A replica never answers for a session while another live
+        // replica's row holds a newer grant of it (issue 54): whatever
+        // this replica's copy says (`active` over a frozen connection
+        // included), the database is asked for a newer grant first, and
+        // the call is forwarded there if there is one.
+        let above = shared.sessions.get(&id).map_or(0, |r| r.fencing_token);
         (req, Owner::Session(id, above))
     } else if let Some(rest) = path.strip_prefix("/v1/executors/") {
         // Terminals, drains: the replica the executor is connected to.

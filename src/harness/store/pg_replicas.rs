@@ -612,6 +612,328 @@ impl PgReplicas {
     }
 }
 
+/// `sql` with every `$n` replaced by "now" in unix ms: the database's
+/// clock, or the explicit `now` of a caller that brings its own (the
+/// property model), passed as parameter `$i` (`NULL`: the database's).
+fn with_now(sql: &str, i: usize) -> String {
+    sql.replace(
+        "$n",
+        &format!("COALESCE(${i}::BIGINT, (extract(epoch FROM now()) * 1000)::BIGINT)"),
+    )
+}
+
+fn opt_big(v: Option<u64>) -> Result<Option<i64>, StoreError> {
+    v.map(big).transpose()
+}
+
+/// The rows of the sessions, decided by the database (issue 54): every
+/// statement is conditional on the row being what the replica believes,
+/// and time is the database's `now()` unless the caller passes its own.
+impl crate::harness::rows::SessionRows for PgReplicas {
+    type Error = StoreError;
+    /// The new grant's record and the tool results moved to it.
+    type Taken = (crate::harness::types::SessionInfo, Vec<StoredResult>);
+
+    fn clock(&self, now: Option<u64>) -> Result<u64, StoreError> {
+        let now = opt_big(now)?;
+        let v: i64 = self
+            .store
+            .with(|c| Ok(c.query_one(&with_now("SELECT $n", 1), &[&now])?.get(0)))?;
+        super::postgres::ms(v)
+    }
+
+    fn rows(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::BTreeMap<String, crate::harness::rows::Row>, StoreError> {
+        let rows = self.store.with(|c| {
+            c.query(
+                "SELECT s.session_id, s.executor_id, s.fencing_token, s.replica, s.state, \
+                 s.connection_id, s.lease_expires_at_ms, \
+                 (extract(epoch FROM COALESCE(r.seen_at, s.written_at)) * 1000)::BIGINT \
+                 FROM sessions s LEFT JOIN replicas r ON r.id = s.replica \
+                 WHERE s.session_id = ANY($1)",
+                &[&ids],
+            )
+        })?;
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get(0)?;
+                let row = crate::harness::rows::Row {
+                    executor_id: r.try_get(1)?,
+                    fencing_token: super::postgres::ms(r.try_get(2)?)?,
+                    replica: r.try_get(3)?,
+                    ended: r.try_get::<_, &str>(4)? == "ended",
+                    connection_id: r.try_get(5)?,
+                    lease_expires_at_ms: r
+                        .try_get::<_, Option<i64>>(6)?
+                        .map(super::postgres::ms)
+                        .transpose()?,
+                    owner_seen_ms: super::postgres::ms(r.try_get(7)?)?,
+                };
+                Ok((id, row))
+            })
+            .collect()
+    }
+
+    fn grant(
+        &self,
+        session_id: &str,
+        executor_id: &str,
+        token: u64,
+        replica: &str,
+        connection_id: &str,
+        previous: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        if replica != self.id {
+            return Err(StoreError::Unavailable(format!(
+                "replica {replica} grants through {}'s store",
+                self.id
+            )));
+        }
+        let mut info = crate::harness::types::SessionInfo::new(
+            session_id.to_owned(),
+            executor_id.to_owned(),
+            token,
+            format!("lease-{session_id}-{token}"),
+            crate::harness::types::SessionState::Active,
+            crate::wire::types::now_rfc3339(),
+        );
+        info.connection_id = Some(connection_id.to_owned());
+        self.claim_session(
+            &StoredSession {
+                info,
+                lease_expires_at_ms: None,
+            },
+            previous,
+        )
+    }
+
+    fn take_over(
+        &self,
+        session_id: &str,
+        previous: u64,
+        token: u64,
+        replica: &str,
+        connection_id: &str,
+    ) -> Result<Option<Self::Taken>, StoreError> {
+        let (prev, tok) = (big(previous)?, big(token)?);
+        let lease_token = format!("lease-{session_id}-{token}");
+        let rows = self.store.with(|c| {
+            let mut tx = c.transaction()?;
+            // One conditional statement decides: the row lock orders two
+            // replicas taking the same grant over, and the second finds
+            // the token changed. The record (`info`) follows the columns.
+            let won = tx.query_opt(
+                "UPDATE sessions SET fencing_token = $3, state = 'active', connection_id = $5, \
+                 lease_expires_at_ms = NULL, ended_reason = NULL, replica = $4, \
+                 info = ((info::jsonb - 'endedAt' - 'endedReason') || jsonb_build_object(\
+                   'fencingToken', $3::BIGINT, 'leaseToken', $6::TEXT, \
+                   'connectionId', $5::TEXT, 'state', 'active'))::TEXT, \
+                 written_at = now() \
+                 WHERE session_id = $1 AND fencing_token = $2 AND $3 > $2 AND state <> 'ended' \
+                 RETURNING info",
+                &[
+                    &session_id,
+                    &prev,
+                    &tok,
+                    &replica,
+                    &connection_id,
+                    &lease_token,
+                ],
+            )?;
+            let Some(won) = won else {
+                return Ok(None);
+            };
+            let info: String = won.try_get(0)?;
+            tx.execute(
+                "UPDATE tool_results SET fencing_token = $3 \
+                 WHERE session_id = $1 AND fencing_token = $2",
+                &[&session_id, &prev, &tok],
+            )?;
+            let results = tx.query(
+                "SELECT tool_call_id, result FROM tool_results \
+                 WHERE session_id = $1 AND fencing_token = $2 ORDER BY seq",
+                &[&session_id, &tok],
+            )?;
+            tx.commit()?;
+            Ok(Some((info, results)))
+        })?;
+        let Some((info, results)) = rows else {
+            return Ok(None);
+        };
+        let info: crate::harness::types::SessionInfo = serde_json::from_str(&info)?;
+        let results = results
+            .iter()
+            .map(|r| {
+                Ok(StoredResult {
+                    session_id: session_id.to_owned(),
+                    fencing_token: token,
+                    tool_call_id: r.try_get(0)?,
+                    result: serde_json::from_str(r.try_get::<_, &str>(1)?)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(Some((info, results)))
+    }
+
+    fn keep(
+        &self,
+        session_id: &str,
+        token: u64,
+        replica: &str,
+        connection_id: &str,
+        now: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let (tok, now) = (big(token)?, opt_big(now)?);
+        let n = self.store.with(|c| {
+            c.execute(
+                &with_now(
+                    "UPDATE sessions SET connection_id = $4, lease_expires_at_ms = NULL, \
+                     written_at = now() \
+                     WHERE session_id = $1 AND fencing_token = $2 AND replica = $3 \
+                     AND state <> 'ended' \
+                     AND (lease_expires_at_ms IS NULL OR lease_expires_at_ms > $n)",
+                    5,
+                ),
+                &[&session_id, &tok, &replica, &connection_id, &now],
+            )
+        })?;
+        Ok(n > 0)
+    }
+
+    fn lost(
+        &self,
+        session_id: &str,
+        token: u64,
+        replica: &str,
+        deadline_ms: u64,
+        local_now_ms: u64,
+        now: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let (tok, d, l, now) = (
+            big(token)?,
+            big(deadline_ms)?,
+            big(local_now_ms)?,
+            opt_big(now)?,
+        );
+        let n = self.store.with(|c| {
+            c.execute(
+                &with_now(
+                    "UPDATE sessions SET lease_expires_at_ms = $4::BIGINT - $5::BIGINT + $n, \
+                     written_at = now() \
+                     WHERE session_id = $1 AND fencing_token = $2 AND replica = $3 \
+                     AND state <> 'ended'",
+                    6,
+                ),
+                &[&session_id, &tok, &replica, &d, &l, &now],
+            )
+        })?;
+        Ok(n > 0)
+    }
+
+    fn expire(
+        &self,
+        session_id: &str,
+        token: u64,
+        replica: &str,
+        holder: Option<&str>,
+        deadline_ms: u64,
+        local_now_ms: u64,
+        now: Option<u64>,
+    ) -> Result<crate::harness::rows::Expiry, StoreError> {
+        use crate::harness::rows::Expiry;
+        let (tok, d, l, now) = (
+            big(token)?,
+            big(deadline_ms)?,
+            big(local_now_ms)?,
+            opt_big(now)?,
+        );
+        let ended_at = crate::wire::types::now_rfc3339();
+        let reason = crate::wire::types::EndReason::LEASE_EXPIRED;
+        let outcome = self.store.with(|c| {
+            // One conditional statement: this replica's grant, last held
+            // by `holder` (a keep on another connection moved it), whose
+            // lease ran out by the database's clock.
+            let n = c.execute(
+                &with_now(
+                    "UPDATE sessions SET state = 'ended', ended_reason = $8, \
+                     lease_expires_at_ms = NULL, written_at = now(), \
+                     info = (info::jsonb || jsonb_build_object('state', 'ended', \
+                       'endedReason', $8::TEXT, 'endedAt', $9::TEXT))::TEXT \
+                     WHERE session_id = $1 AND fencing_token = $2 AND replica = $3 \
+                     AND state <> 'ended' AND connection_id IS NOT DISTINCT FROM $4 \
+                     AND COALESCE(lease_expires_at_ms, $5::BIGINT - $6::BIGINT + $n) <= $n",
+                    7,
+                ),
+                &[
+                    &session_id,
+                    &tok,
+                    &replica,
+                    &holder,
+                    &d,
+                    &l,
+                    &now,
+                    &reason,
+                    &ended_at,
+                ],
+            )?;
+            if n > 0 {
+                return Ok(Expiry::Ended);
+            }
+            let row = c.query_opt(
+                &with_now(
+                    "SELECT fencing_token = $2 AND replica = $3 AND state <> 'ended', \
+                     COALESCE(lease_expires_at_ms, $4::BIGINT - $5::BIGINT + $n) - $n \
+                     FROM sessions WHERE session_id = $1",
+                    6,
+                ),
+                &[&session_id, &tok, &replica, &d, &l, &now],
+            )?;
+            Ok(match row {
+                Some(r) if r.try_get::<_, bool>(0)? => Expiry::NotYet {
+                    remaining_ms: u64::try_from(r.try_get::<_, i64>(1)?).unwrap_or(0),
+                },
+                _ => Expiry::Superseded,
+            })
+        })?;
+        Ok(outcome)
+    }
+
+    fn end_expired(&self, session_id: &str, previous: u64) -> Result<bool, StoreError> {
+        let prev = big(previous)?;
+        let ended_at = crate::wire::types::now_rfc3339();
+        let reason = crate::wire::types::EndReason::LEASE_EXPIRED;
+        let n = self.store.with(|c| {
+            c.execute(
+                "UPDATE sessions SET state = 'ended', ended_reason = $3, \
+                 lease_expires_at_ms = NULL, written_at = now(), \
+                 info = (info::jsonb || jsonb_build_object('state', 'ended', \
+                   'endedReason', $3::TEXT, 'endedAt', $4::TEXT))::TEXT \
+                 WHERE session_id = $1 AND fencing_token = $2 AND state <> 'ended'",
+                &[&session_id, &prev, &reason, &ended_at],
+            )
+        })?;
+        Ok(n > 0)
+    }
+
+    fn holds(&self, session_id: &str, token: u64, replica: &str) -> Result<bool, StoreError> {
+        let tok = big(token)?;
+        let row = self.store.with(|c| {
+            c.query_typed_opt(
+                "SELECT 1 FROM sessions WHERE session_id = $1 AND fencing_token = $2 \
+                 AND replica = $3 AND state <> 'ended'",
+                &[
+                    (&session_id, Type::TEXT),
+                    (&tok, Type::INT8),
+                    (&replica, Type::TEXT),
+                ],
+            )
+        })?;
+        Ok(row.is_some())
+    }
+}
+
 impl Drop for PgReplicas {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

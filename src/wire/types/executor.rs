@@ -18,6 +18,11 @@ wire_struct! {
         pub executor_id: String,
         pub last_connection_id: String,
         pub active_sessions: Vec<String>,
+        /// bmx extension (docs/protocol.md, "Fencing on every session
+        /// request"): the highest fencing token the executor holds for each
+        /// session of `activeSessions`. A seed peer omits it.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        pub fencing_tokens: std::collections::BTreeMap<String, u64>,
     }
 }
 
