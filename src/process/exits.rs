@@ -366,6 +366,29 @@ mod tests {
         Command::new(Path::new("/bin/sh"), &["sh", "-c", script]).unwrap()
     }
 
+    /// Each exit, awaited last first, reports its own code.
+    async fn each_exits_with_its_code(exits: Vec<(i32, super::Exit)>) {
+        for (code, exit) in exits.into_iter().rev() {
+            let status = tokio::time::timeout(Duration::from_secs(20), exit.wait())
+                .await
+                .expect("exit delivered")
+                .unwrap();
+            assert_eq!(status.code(), Some(code));
+        }
+    }
+
+    /// `pid` is reaped: gone from /proc (a zombie would still be listed).
+    async fn reaped(pid: u32) {
+        let gone = async {
+            while Path::new(&format!("/proc/{pid}")).exists() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), gone)
+            .await
+            .expect("reaped");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn many_exits_arrive_each_to_its_own_waiter() {
         let mut exits = Vec::new();
@@ -378,13 +401,7 @@ mod tests {
         // their business.
         let foreign = tokio::process::Command::new("true").status();
         assert!(foreign.await.unwrap().success());
-        for (code, exit) in exits.into_iter().rev() {
-            let status = tokio::time::timeout(Duration::from_secs(20), exit.wait())
-                .await
-                .expect("exit delivered")
-                .unwrap();
-            assert_eq!(status.code(), Some(code));
-        }
+        each_exits_with_its_code(exits).await;
     }
 
     /// Set by a test to start every child swept (other tests running
@@ -415,13 +432,7 @@ mod tests {
         FORCE_SWEPT.store(false, Ordering::Release);
         let foreign = tokio::process::Command::new("true").status();
         assert!(foreign.await.unwrap().success());
-        for (code, exit) in exits.into_iter().rev() {
-            let status = tokio::time::timeout(Duration::from_secs(20), exit.wait())
-                .await
-                .expect("exit delivered")
-                .unwrap();
-            assert_eq!(status.code(), Some(code));
-        }
+        each_exits_with_its_code(exits).await;
         for s in sleepers {
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(s.pid as i32),
@@ -434,14 +445,7 @@ mod tests {
                 .unwrap();
             assert_eq!(st.signal(), Some(libc::SIGKILL));
         }
-        let gone = async {
-            while Path::new(&format!("/proc/{dropped_pid}")).exists() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), gone)
-            .await
-            .expect("the dropped swept child reaped");
+        reaped(dropped_pid).await;
     }
 
     #[tokio::test]
@@ -449,16 +453,7 @@ mod tests {
         let child = sh("exit 3").spawn().unwrap();
         let pid = child.pid;
         drop(child.exit);
-        // Reaped by the background waiter: the pid is gone from /proc
-        // (a zombie would still be listed).
-        let gone = async {
-            while Path::new(&format!("/proc/{pid}")).exists() {
-                tokio::task::yield_now().await;
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(20), gone)
-            .await
-            .expect("reaped");
+        // Reaped by the background waiter.
+        reaped(pid).await;
     }
 }

@@ -874,8 +874,7 @@ async fn the_notification_stream_carries_server_notifications() {
         .await;
     assert_eq!(r.status, 409);
     let mut body = resp.bytes_stream();
-    // Give the stream a moment to be attached, then notify.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The 409 above is the proof the first stream is attached: notify now.
     frame(
         &fake.link,
         &sid,
